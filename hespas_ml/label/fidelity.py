@@ -1,0 +1,41 @@
+"""One interface for every way of timing a compute region: region + target -> seconds, with metadata.
+
+A fidelity is any object with a ``name`` and ``label_regions(regions, target) -> list[Label]``
+(``label(region, target)`` for one). Fidelities are looked up by name with :func:`get_fidelity`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from ..ingest.errors import HespasError
+
+
+class FidelityError(HespasError):
+    pass
+
+
+@dataclass(slots=True)
+class Label:
+    """The time of one execution of a region, as one fidelity sees it."""
+
+    seconds: float
+    status: str = "ok"                 # "ok" | "failed"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Fidelity(Protocol):
+    name: str
+
+    def label(self, region, target) -> Label: ...
+
+    def label_regions(self, regions: Sequence, target) -> list[Label]: ...
+
+
+def get_fidelity(name: str) -> Fidelity:
+    """A fidelity by name: ``roofline`` (more arrive with later stages)."""
+    key = name.strip().lower()
+    if key == "roofline":
+        from .roofline import RooflineFidelity
+        return RooflineFidelity()
+    raise FidelityError(f"unknown fidelity '{name}' (available: roofline)")

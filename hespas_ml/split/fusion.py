@@ -1,0 +1,151 @@
+"""Group ops into kernels the way XLA fuses them, so memory traffic is counted only at kernel boundaries.
+
+If the program was already fused by XLA (``mhlo.fusion`` regions, as in compiler-partitioned or MaxText
+exports), those fusions are the kernels. Otherwise the grouping follows XLA's main rules:
+
+* **loop fusion** — elementwise ops and cheap data movement (convert, broadcast, reshape, transpose,
+  slice, pad, concatenate, select, compare, iota, gather …) fuse into their consumer when every consumer
+  is in the same kernel and in the same loop body;
+* **free ops** (constants, reshapes, broadcasts, tuples) are copied into each consumer's kernel rather
+  than materialised;
+* **input fusion** — a reduction (reduce, reduce_window) takes in the elementwise ops that produce its
+  operands;
+* **output fusion** — a dot or convolution takes in its elementwise epilogue (bias, activation, scaling,
+  convert) when the epilogue is its only consumer;
+* collectives, custom calls, sort, scatter, select_and_scatter, in-place updates, copies and RNG are
+  kernels of their own.
+"""
+from __future__ import annotations
+
+from ..ingest.graph import OpGraph
+
+# No kernel of their own: metadata or views that fusion duplicates into consumers.
+FREE_KINDS = frozenset({
+    "constant", "reshape", "bitcast", "broadcast_in_dim", "broadcast", "get_tuple_element", "tuple",
+    "optimization_barrier", "partition_id", "replica_id", "iota", "sharding_constraint", "reshard",
+    "propagation_barrier", "after_all", "create_token", "custom_call_noop",
+})
+# Fuse into their consumers (loop fusion).
+FUSIBLE_KINDS = frozenset({
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "cosine",
+    "count_leading_zeros", "divide", "exponential", "exponential_minus_one", "floor", "imag", "is_finite",
+    "log", "log_plus_one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
+    "popcnt", "power", "real", "reduce_precision", "remainder", "round_nearest_afz", "round_nearest_even",
+    "rsqrt", "select", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sine",
+    "sqrt", "subtract", "tan", "tanh", "xor", "transpose", "slice", "pad", "concatenate", "reverse",
+    "dynamic_slice", "gather", "erf", "erf_inv", "bitcast_convert", "map",
+}) | FREE_KINDS
+# Roots that take in their producers (input fusion).
+REDUCTION_KINDS = frozenset({"reduce", "reduce_window"})
+# Roots that take in a single elementwise consumer (output fusion).
+MATRIX_KINDS = frozenset({"dot_general", "dot", "convolution"})
+
+
+def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
+    """Return kernels as lists of op ids (each sorted), covering every op exactly once."""
+    ops = graph.ops
+    if any(op.fusion is not None for op in ops):
+        return _xla_fusions(graph, users)
+    n = len(ops)
+    group = [-1] * n
+    members: list[list[int]] = []
+    accepts_producers: list[bool] = []   # may producers still join this kernel?
+
+    def new_group(i: int, open_: bool) -> None:
+        group[i] = len(members)
+        members.append([i])
+        accepts_producers.append(open_)
+
+    for i in range(n - 1, -1, -1):
+        op = ops[i]
+        kind = op.kind
+        us = users[i]
+        if kind in FUSIBLE_KINDS and us:
+            gs = {group[u] for u in us}
+            same_ctx = all(ops[u].loop == op.loop and ops[u].count == op.count for u in us)
+            if same_ctx and len(gs) == 1:
+                g = gs.pop()
+                if accepts_producers[g]:
+                    group[i] = g
+                    members[g].append(i)
+                    continue
+            if kind in FREE_KINDS and same_ctx:
+                # copied into each consumer: it belongs to the earliest consumer's kernel
+                g = group[min(us)]
+                if accepts_producers[g]:
+                    group[i] = g
+                    members[g].append(i)
+                    continue
+            new_group(i, True)
+        elif kind in FUSIBLE_KINDS or kind in REDUCTION_KINDS:
+            new_group(i, True)          # a loop fusion (or reduction) rooted here
+        elif kind in MATRIX_KINDS:
+            new_group(i, False)         # producers of a dot/conv stay separate kernels
+        else:
+            new_group(i, False)         # collectives, custom calls, sort, scatter, copies …
+    _output_fusion(graph, users, group, members)
+    return sorted((sorted(m) for m in members if m), key=lambda m: m[-1])
+
+
+def _output_fusion(graph: OpGraph, users: list[list[int]], group: list[int], members: list[list[int]]) -> None:
+    """Merge an elementwise-only consumer kernel into the dot/conv kernel that feeds it."""
+    ops = graph.ops
+    for g, mem in enumerate(members):
+        if not mem:
+            continue
+        root = max(mem)
+        if ops[root].kind not in MATRIX_KINDS:
+            continue
+        us = users[root]
+        if len(us) != 1:
+            continue
+        cg = group[us[0]]
+        if cg == g or not members[cg]:
+            continue
+        consumer = members[cg]
+        if any(ops[j].kind not in FUSIBLE_KINDS for j in consumer):
+            continue
+        if any(ops[j].loop != ops[root].loop or ops[j].count != ops[root].count for j in consumer):
+            continue
+        first = min(mem)
+        cset = set(consumer)
+        # no other path from this kernel into the consumer: its other inputs all come from earlier ops
+        ok = all(p < first or p in cset or group[p] == g for j in consumer for p in ops[j].operands)
+        if not ok:
+            continue
+        for j in consumer:
+            group[j] = g
+        mem.extend(consumer)
+        members[cg] = []
+
+
+def _xla_fusions(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
+    """Kernels as XLA chose them: one per ``mhlo.fusion``; unfused ops alone, free ops with a consumer."""
+    ops = graph.ops
+    by_fusion: dict[int, list[int]] = {}
+    kernels: list[list[int]] = []
+    kernel_of: dict[int, int] = {}
+    pending_free: list[int] = []
+    for op in ops:
+        if op.fusion is not None:
+            k = by_fusion.get(op.fusion)
+            if k is None:
+                k = by_fusion[op.fusion] = len(kernels)
+                kernels.append([])
+            kernels[k].append(op.id)
+            kernel_of[op.id] = k
+        elif op.kind in FREE_KINDS:
+            pending_free.append(op.id)
+        else:
+            kernel_of[op.id] = len(kernels)
+            kernels.append([op.id])
+    for i in reversed(pending_free):      # a free op joins the kernel of its earliest consumer
+        us = [u for u in users[i] if u in kernel_of and not ops[u].is_collective]
+        if us and ops[min(us)].loop == ops[i].loop:
+            k = kernel_of[min(us)]
+        else:
+            k = len(kernels)
+            kernels.append([])
+        kernels[k].append(i)
+        kernel_of[i] = k
+    return sorted((sorted(k) for k in kernels if k), key=lambda m: m[-1])

@@ -1,0 +1,282 @@
+"""Split an op graph into compute regions and collectives, with their dependency DAG in program order.
+
+Three splits:
+
+* ``fusion`` (default) — ops grouped the way XLA fuses them (see :mod:`hespas_ml.split.fusion`); each
+  region is one kernel, and its bytes are counted only at the kernel's boundary.
+* ``linear`` — maximal runs of compute between collectives (what Hespas calls a linear split); each op
+  is costed as its own kernel, so every intermediate tensor is written and read again.
+* ``individual`` — every op is its own region.
+
+Regions never mix ops from different loop bodies, so each region has one ``count`` (executions per run
+of the program). Costs in :class:`Kernel` are per single execution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ingest.errors import HespasError
+from ..ingest.graph import Op, OpGraph
+from ..label.costs import op_cost
+from .fusion import FREE_KINDS, fuse
+
+SPLITS = ("fusion", "linear", "individual")
+
+# ASTRA-sim's collective types that our collectives map to.
+COLLECTIVE_TO_COMM = {"all_reduce": "ALL_REDUCE", "all_gather": "ALL_GATHER", "reduce_scatter": "REDUCE_SCATTER",
+                      "all_to_all": "ALL_TO_ALL", "collective_broadcast": "ALL_GATHER"}
+
+
+class SplitError(HespasError):
+    pass
+
+
+@dataclass(slots=True)
+class Kernel:
+    """One launched kernel (an XLA-style fusion, or a lone op) with its per-execution cost."""
+
+    op_ids: list[int]
+    matrix_flops: float = 0.0       # dot / convolution FLOPs (tensor cores, MXU)
+    vector_flops: float = 0.0       # all other arithmetic
+    transcendentals: float = 0.0
+    bytes: float = 0.0              # off-chip traffic at the kernel boundary
+    dtype: str = "f32"              # element type of the vector work
+    matrix_dtype: str | None = None  # element type the matrix unit sees
+    unmodelled: int = 0             # ops inside that the cost model does not know
+
+    @property
+    def flops(self) -> float:
+        return self.matrix_flops + self.vector_flops
+
+
+@dataclass(slots=True)
+class Collective:
+    """A collective as the network sees it. ``comm_bytes`` follows ASTRA-sim's ``comm_size`` meaning:
+    the per-device buffer for all_reduce / reduce_scatter / all_to_all, each device's contribution
+    for all_gather, the message for collective_permute."""
+
+    kind: str
+    comm_bytes: int
+    groups: list[list[int]]            # device groups; [] means every device in one group
+    pairs: list[tuple[int, int]] = field(default_factory=list)   # collective_permute source -> target
+    dtype: str = "f32"
+
+
+@dataclass(slots=True)
+class Region:
+    id: int
+    kind: str                           # "compute" | "collective"
+    op_ids: list[int]
+    deps: list[int] = field(default_factory=list)
+    count: int = 1                      # executions per program run
+    loop: int | None = None
+    kernels: list[Kernel] = field(default_factory=list)
+    collective: Collective | None = None
+
+    @property
+    def flops(self) -> float:
+        return sum(k.flops for k in self.kernels)
+
+    @property
+    def bytes(self) -> float:
+        return sum(k.bytes for k in self.kernels)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.id}"
+
+
+@dataclass(slots=True)
+class RegionGraph:
+    graph: OpGraph
+    regions: list[Region]
+    split: str
+
+    @property
+    def n_devices(self) -> int:
+        return self.graph.n_devices
+
+    def compute_regions(self) -> list[Region]:
+        return [r for r in self.regions if r.kind == "compute"]
+
+    def collectives(self) -> list[Region]:
+        return [r for r in self.regions if r.kind == "collective"]
+
+    def describe(self, region: Region, limit: int = 4) -> str:
+        """A short human name for a region: its heaviest op kinds."""
+        ops = self.graph.ops
+        if region.collective is not None:
+            c = region.collective
+            return f"{c.kind} {c.comm_bytes / 2**20:.2f} MiB"
+        kinds: dict[str, int] = {}
+        for i in region.op_ids:
+            kinds[ops[i].kind] = kinds.get(ops[i].kind, 0) + 1
+        order = sorted(kinds, key=lambda k: (k not in ("dot_general", "dot", "convolution"), -kinds[k]))
+        return "+".join(order[:limit]) + ("+…" if len(order) > limit else "")
+
+
+def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
+    """Split ``graph`` into regions; see the module docstring for the three splits."""
+    if split not in SPLITS:
+        raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
+    ops = graph.ops
+    costs = [op_cost(op) for op in ops]
+    users = graph.users()
+    if split == "fusion":
+        groups = fuse(graph, users)                       # list of op-id lists, each one kernel
+    else:
+        groups = [[op.id] for op in ops]
+    # Regions: collectives alone; compute groups either alone (fusion/individual) or merged into runs.
+    group_of = [0] * len(ops)
+    for gi, g in enumerate(groups):
+        for i in g:
+            group_of[i] = gi
+    order = sorted(range(len(groups)), key=lambda gi: max(groups[gi]))   # a kernel runs when its last op can
+    regions: list[Region] = []
+    region_of_group: dict[int, int] = {}
+    current: Region | None = None
+    for gi in order:
+        g = groups[gi]
+        first = ops[g[0]]
+        if first.is_collective:
+            current = None
+            region = Region(len(regions), "collective", list(g), count=first.count, loop=first.loop,
+                            collective=_collective(graph, first))
+            regions.append(region)
+        else:
+            kernels = _kernels(graph, g, costs, users, per_op=(split != "fusion"))
+            joinable = (split == "linear" and current is not None and current.loop == first.loop
+                        and current.count == first.count)
+            if joinable:
+                region = current
+                region.op_ids.extend(g)
+                region.kernels.extend(kernels)
+            else:
+                region = Region(len(regions), "compute", list(g), count=first.count, loop=first.loop,
+                                kernels=kernels)
+                regions.append(region)
+                if split == "linear":
+                    current = region
+        region_of_group[gi] = region.id
+    # Dependencies from dataflow. Free ops (reshape, broadcast, constants …) that fusion copies into
+    # several kernels are looked through: a kernel depends on whoever produced the free op's inputs.
+    region_of_op = [region_of_group[group_of[i]] for i in range(len(ops))]
+    sources = _dependency_sources(graph)
+    for r in regions:
+        deps: set[int] = set()
+        for i in r.op_ids:
+            for p in ops[i].operands:
+                for q in sources(p):
+                    d = region_of_op[q]
+                    if d != r.id:
+                        deps.add(d)
+        if split == "linear" and r.id > 0:
+            deps.add(r.id - 1)      # a linear split keeps program order: each region follows the previous
+        r.deps = sorted(deps)
+        r.op_ids.sort()
+    return RegionGraph(graph, regions, split)
+
+
+def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], per_op: bool) -> list[Kernel]:
+    if per_op:
+        return [_kernel_of(graph, [i], costs, users) for i in group]
+    return [_kernel_of(graph, group, costs, users)]
+
+
+def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) -> Kernel:
+    """Cost one kernel: FLOPs summed over its ops; bytes only where data crosses the kernel boundary."""
+    ops = graph.ops
+    members = set(group)
+    k = Kernel(op_ids=list(group))
+    vector_dtype_weight: dict[str, float] = {}
+    read: dict[tuple[int, int], float] = {}
+    outputs = set(graph.outputs)
+    for i in group:
+        op, c = ops[i], costs[i]
+        if not c.modelled:
+            k.unmodelled += 1
+        if c.unit == "matrix":
+            k.matrix_flops += c.flops
+            k.matrix_dtype = k.matrix_dtype or op.dtype
+        else:
+            k.vector_flops += c.flops
+            if c.flops:
+                rt = op.result_types[0].dtype if op.result_types else op.dtype
+                vector_dtype_weight[rt] = vector_dtype_weight.get(rt, 0.0) + c.flops
+        k.transcendentals += c.transcendentals
+        if len(group) == 1:
+            k.bytes = c.bytes
+            continue
+        # reads of tensors produced outside the kernel (each tensor once per kernel)
+        n_in = max(1, len(op.operand_types))
+        partial = c.bytes_in < sum(t.nbytes for t in op.operand_types) - 1
+        for j, (p, t) in enumerate(zip(op.operands, op.operand_types)):
+            if p >= 0 and p in members:
+                continue
+            nbytes = float(t.nbytes)
+            if partial and j == 0:
+                nbytes = min(nbytes, c.bytes_in)   # slice / dynamic_slice / gather read a part
+            key = (p, t.nbytes) if p >= 0 else (-1 - i * 64 - j, t.nbytes)
+            read[key] = max(read.get(key, 0.0), nbytes)
+        # writes of results used outside the kernel or returned by the program
+        if i in outputs or any(u not in members for u in users[i]) or not users[i]:
+            k.bytes += sum(t.nbytes for t in op.result_types)
+    if len(group) > 1:
+        k.bytes += sum(read.values())
+    if vector_dtype_weight:
+        k.dtype = max(vector_dtype_weight, key=vector_dtype_weight.get)
+    elif k.matrix_dtype:
+        k.dtype = k.matrix_dtype
+    else:
+        k.dtype = ops[group[-1]].dtype
+    return k
+
+
+def _dependency_sources(graph: OpGraph):
+    """Map a producer id to the non-free op ids it stands for (free ops are looked through)."""
+    ops = graph.ops
+    memo: dict[int, tuple[int, ...]] = {}
+
+    def sources(p: int) -> tuple[int, ...]:
+        if p < 0:
+            return ()
+        hit = memo.get(p)
+        if hit is not None:
+            return hit
+        if ops[p].kind not in FREE_KINDS:
+            memo[p] = (p,)
+            return memo[p]
+        out: list[int] = []
+        stack = [p]
+        seen = set()
+        while stack:
+            q = stack.pop()
+            if q < 0 or q in seen:
+                continue
+            seen.add(q)
+            if ops[q].kind in FREE_KINDS:
+                stack.extend(ops[q].operands)
+            else:
+                out.append(q)
+        memo[p] = tuple(sorted(set(out)))
+        return memo[p]
+
+    return sources
+
+
+def _collective(graph: OpGraph, op: Op) -> Collective:
+    kind = op.kind
+    in_bytes = sum(t.nbytes for t in op.operand_types)
+    groups = op.attrs.get("replica_groups") or []
+    if isinstance(groups, str):
+        graph.warnings.append(f"{kind}: replica groups '{groups[:60]}' not understood; using all devices")
+        groups = []
+    n = graph.n_devices
+    if len(groups) == 1 and sorted(groups[0]) == list(range(n)):
+        groups = []
+    pairs = [tuple(p) for p in op.attrs.get("source_target_pairs") or []]
+    if kind == "collective_broadcast":
+        graph.warnings.append("collective_broadcast modelled as an all_gather of its buffer")
+    dtype = op.operand_types[0].dtype if op.operand_types else "f32"
+    return Collective(kind=kind, comm_bytes=int(in_bytes), groups=[list(g) for g in groups],
+                      pairs=[(int(a), int(b)) for a, b in pairs], dtype=dtype)

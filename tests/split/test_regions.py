@@ -1,0 +1,137 @@
+"""Splitting programs into compute regions and collectives (real programs, real cost model)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import shared_path
+from hespas_ml.ingest.stablehlo import parse_file, parse_module
+from hespas_ml.split.regions import SplitError, split_program
+
+SHARED_PROGRAMS = ["convolution.mlir", "custom_call_topk.mlir", "jax_example.mlir",
+                   "resnet_50_inference_step_4_devices_1024_batch.mlir", "test_dependency_graph.mlir",
+                   "test_no_comm_graph.mlir", "test_split_replica_groups.mlir", "maxtext/llama3-100m-4dev.mlir"]
+
+
+def _check_dag(rg):
+    """Every op in exactly one region; dependencies point to earlier regions; collectives stand alone."""
+    covered = sorted(i for r in rg.regions for i in r.op_ids)
+    assert covered == list(range(len(rg.graph.ops)))
+    for r in rg.regions:
+        assert all(d < r.id for d in r.deps), (r.id, r.deps)
+        if r.kind == "collective":
+            assert len(r.op_ids) == 1 and rg.graph.ops[r.op_ids[0]].is_collective
+        else:
+            assert not any(rg.graph.ops[i].is_collective for i in r.op_ids)
+
+
+@pytest.mark.parametrize("name", SHARED_PROGRAMS)
+@pytest.mark.parametrize("split", ["fusion", "linear", "individual"])
+def test_every_shared_program_splits_into_a_valid_dag(name, split):
+    graph = parse_file(shared_path("mlir", name))
+    rg = split_program(graph, split)
+    _check_dag(rg)
+    n_coll = sum(1 for op in graph.ops if op.is_collective)
+    assert len(rg.collectives()) == n_coll
+
+
+def test_dependency_graph_orders_collective_between_its_producer_and_consumers():
+    rg = split_program(parse_file(shared_path("mlir", "test_dependency_graph.mlir")), "individual")
+    ops = rg.graph.ops
+    (coll,) = rg.collectives()
+    dot_region = next(r for r in rg.regions if ops[r.op_ids[0]].kind == "dot_general")
+    tanh_region = next(r for r in rg.regions if ops[r.op_ids[0]].kind == "tanh")
+    assert coll.deps == [dot_region.id]
+    assert coll.id in tanh_region.deps
+    assert coll.collective.kind == "all_reduce"
+    assert coll.collective.comm_bytes == 128 * 512 * 4
+
+
+def test_split_replica_groups_keep_their_groups():
+    rg = split_program(parse_file(shared_path("mlir", "test_split_replica_groups.mlir")))
+    first, second = rg.collectives()
+    assert first.collective.groups == [[0, 1], [2, 3]]
+    assert second.collective.groups == []          # one group of all 4 devices = the global communicator
+
+
+def test_fusion_split_counts_far_less_memory_traffic_than_op_by_op():
+    graph = parse_file(shared_path("mlir", "resnet_50_inference_step_4_devices_1024_batch.mlir"))
+    fused = split_program(graph, "fusion")
+    unfused = split_program(graph, "linear")
+    fused_bytes = sum(r.bytes * r.count for r in fused.compute_regions())
+    unfused_bytes = sum(r.bytes * r.count for r in unfused.compute_regions())
+    assert unfused_bytes > 4 * fused_bytes
+    # FLOPs do not depend on the split
+    assert sum(r.flops for r in fused.compute_regions()) == pytest.approx(
+        sum(r.flops for r in unfused.compute_regions()), rel=1e-9)
+    # one kernel per fusion region, ~one per conv
+    assert 53 <= len(fused.compute_regions()) < 400
+
+
+def test_linear_split_makes_runs_between_collectives():
+    rg = split_program(parse_file(shared_path("mlir", "test_split_replica_groups.mlir")), "linear")
+    kinds = [r.kind for r in rg.regions]
+    assert kinds == ["compute", "collective", "compute", "collective", "compute"]
+    assert all(r.deps == [r.id - 1] for r in rg.regions[1:])
+
+
+CONV_BIAS_RELU = """
+func.func @main(%x: tensor<8x32x32x16xf32>, %w: tensor<3x3x16x32xf32>, %b: tensor<32xf32>) -> tensor<8x32x32x32xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f],
+       window = {stride = [1, 1], pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64}
+       : (tensor<8x32x32x16xf32>, tensor<3x3x16x32xf32>) -> tensor<8x32x32x32xf32>
+  %1 = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<32xf32>) -> tensor<8x32x32x32xf32>
+  %2 = stablehlo.add %0, %1 : tensor<8x32x32x32xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<8x32x32x32xf32>
+  %3 = stablehlo.maximum %2, %z : tensor<8x32x32x32xf32>
+  return %3 : tensor<8x32x32x32xf32>
+}
+"""
+
+
+def test_conv_epilogue_fuses_into_one_kernel_with_boundary_bytes_only():
+    graph = parse_module(CONV_BIAS_RELU, "conv_bias_relu")
+    rg = split_program(graph, "fusion")
+    (region,) = rg.compute_regions()
+    (kernel,) = region.kernels
+    x, w, b, out = 8 * 32 * 32 * 16 * 4, 3 * 3 * 16 * 32 * 4, 32 * 4, 8 * 32 * 32 * 32 * 4
+    assert kernel.bytes == x + w + b + out          # intermediates never touch memory
+    # XLA counts only the kernel taps that land inside the (unpadded) input: per spatial dim,
+    # 30 outputs see all 3 taps and the 2 border outputs see 2
+    taps = (30 * 3 + 2 * 2) ** 2
+    assert kernel.matrix_flops == 2 * 8 * 32 * 16 * taps
+    assert kernel.vector_flops > 0
+    unfused = split_program(graph, "individual")
+    assert sum(r.bytes for r in unfused.compute_regions()) > 2.5 * kernel.bytes
+
+
+LOOP = """
+func.func @main(%x: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %r:2 = stablehlo.while(%i = %c0, %a = %x) : tensor<i32>, tensor<64x64xf32>
+   cond {
+    %lim = stablehlo.constant dense<12> : tensor<i32>
+    %p = stablehlo.compare LT, %i, %lim, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %p : tensor<i1>
+   } do {
+    %one = stablehlo.constant dense<1> : tensor<i32>
+    %n = stablehlo.add %i, %one : tensor<i32>
+    %d = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+    %t = stablehlo.tanh %d : tensor<64x64xf32>
+    stablehlo.return %n, %t : tensor<i32>, tensor<64x64xf32>
+   }
+  return %r#1 : tensor<64x64xf32>
+}
+"""
+
+
+def test_loop_body_regions_run_trip_count_times():
+    rg = split_program(parse_module(LOOP, "loop"), "fusion")
+    dots = [r for r in rg.compute_regions() if any(rg.graph.ops[i].kind == "dot_general" for i in r.op_ids)]
+    assert len(dots) == 1 and dots[0].count == 12
+    assert dots[0].flops == 2 * 64 ** 3        # per execution
+
+
+def test_unknown_split_is_a_clean_error():
+    graph = parse_module(CONV_BIAS_RELU, "x")
+    with pytest.raises(SplitError, match="unknown split"):
+        split_program(graph, "greedy")
