@@ -1,0 +1,85 @@
+"""Replay stage: Chakra ET files, ASTRA-sim system configs, the embedded replay and the real binaries.
+
+`replay(...)` is the entry point: it takes per-rank traces (or an ET path prefix) and a system, and
+returns a `ReplayResult` from the real ASTRA-sim congestion-unaware binary when one is available
+(`backend="auto"`), else from the embedded re-implementation of its model.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from hespas_ml.replay.astrasim import find_binary, parse_output, replay_astrasim
+from hespas_ml.replay.chakra import (
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE,
+    COMP_NODE, REDUCE_SCATTER, EtNode, decode_trace, encode_trace, read_trace, read_traces, write_trace,
+    write_traces,
+)
+from hespas_ml.replay.embedded import RankResult, ReplayResult, replay_embedded
+from hespas_ml.replay.errors import ReplayError, ReplayStageError, SystemConfigError, TraceError
+from hespas_ml.replay.system import (
+    NetworkDim, SystemConfig, load_comm_groups, load_system, write_comm_groups, write_system,
+)
+
+BACKENDS = ("auto", "embedded", "astra-sim")
+
+__all__ = [
+    "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BACKENDS", "BROADCAST", "COMM_COLL_NODE", "COMM_RECV_NODE",
+    "COMM_SEND_NODE", "COMP_NODE", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult", "ReplayError",
+    "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "decode_trace",
+    "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output", "read_trace",
+    "read_traces", "replay", "replay_astrasim", "replay_embedded", "write_comm_groups", "write_system",
+    "write_trace", "write_traces",
+]
+
+
+def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
+           system: SystemConfig | str | Path,
+           comm_groups: dict[int, list[int]] | str | Path | None = None,
+           backend: str = "auto", binary: str | Path | None = None,
+           workdir: str | Path | None = None) -> ReplayResult:
+    """Replay a workload on a system and return per-rank finish times.
+
+    traces_or_prefix: per-rank EtNode lists, or an ET path prefix (`<prefix>.<r>.et`).
+    system: a SystemConfig, an ASTRA-sim folder or a short spec (see `load_system`).
+    comm_groups: {group id: ranks} or a comm_group.json path.
+    backend: "auto" (the real congestion-unaware binary when `find_binary` finds one, else embedded),
+        "embedded" or "astra-sim".
+    binary: explicit ASTRA-sim binary; workdir: where the binary's input files and logs go (a
+        temporary folder, removed afterwards, when None).
+    """
+    if backend not in BACKENDS:
+        raise ReplayError(f"unknown replay backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    cfg = system if isinstance(system, SystemConfig) else load_system(system)
+    groups_file: Path | None = None
+    groups: dict[int, list[int]] | None
+    if isinstance(comm_groups, (str, Path)):
+        groups_file = Path(comm_groups)
+        groups = load_comm_groups(groups_file, cfg.n_npus)
+    else:
+        groups = comm_groups
+    found = find_binary(str(binary) if binary is not None else None) if backend != "embedded" else None
+    if backend == "astra-sim" and found is None:
+        raise ReplayError("backend astra-sim: no AstraSim_Analytical_Congestion_Unaware on PATH and "
+                          "ASTRA_SIM_BIN is not set (use backend='embedded' or pass binary=...)")
+    if found is None:
+        if isinstance(traces_or_prefix, (str, Path)):
+            traces = read_traces(traces_or_prefix, cfg.n_npus)
+        else:
+            traces = list(traces_or_prefix)
+        return replay_embedded(traces, cfg, groups)
+    with tempfile.TemporaryDirectory(prefix="hespas-astrasim-") as scratch:
+        folder = Path(workdir) if workdir is not None else Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        if isinstance(traces_or_prefix, (str, Path)):
+            prefix = Path(traces_or_prefix)
+        else:
+            traces = list(traces_or_prefix)
+            if len(traces) != cfg.n_npus:
+                raise ReplayError(f"{len(traces)} rank trace(s) given for a system of {cfg.n_npus} NPUs")
+            prefix = folder / "et" / "rank"
+            write_traces(prefix, traces)
+        if groups is not None and groups_file is None:
+            groups_file = write_comm_groups(groups, folder / "comm_group.json")
+        return replay_astrasim(prefix, cfg, groups_file, found, folder)
