@@ -5,8 +5,10 @@ these exceptions into exit code 2.
 """
 from __future__ import annotations
 
+from ..ingest.errors import HespasError
 
-class ReplayStageError(Exception):
+
+class ReplayStageError(HespasError):
     """Base class of every error raised by `hespas_ml.replay`."""
 
 

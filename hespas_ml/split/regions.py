@@ -72,6 +72,7 @@ class Region:
     loop: int | None = None
     kernels: list[Kernel] = field(default_factory=list)
     collective: Collective | None = None
+    graph: OpGraph | None = field(default=None, repr=False, compare=False)   # the program it belongs to
 
     @property
     def flops(self) -> float:
@@ -174,6 +175,8 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
             deps.add(r.id - 1)      # a linear split keeps program order: each region follows the previous
         r.deps = sorted(deps)
         r.op_ids.sort()
+    for r in regions:
+        r.graph = graph
     return RegionGraph(graph, regions, split)
 
 
