@@ -112,6 +112,8 @@ class RegionGraph:
         kinds: dict[str, int] = {}
         for i in region.op_ids:
             kinds[ops[i].kind] = kinds.get(ops[i].kind, 0) + 1
+        if any(k not in FREE_KINDS for k in kinds):        # name a kernel by the ops that do work
+            kinds = {k: v for k, v in kinds.items() if k not in FREE_KINDS}
         order = sorted(kinds, key=lambda k: (k not in ("dot_general", "dot", "convolution"), -kinds[k]))
         return "+".join(order[:limit]) + ("+…" if len(order) > limit else "")
 

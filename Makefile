@@ -1,0 +1,25 @@
+# One command each: `make demo` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: setup test demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/hespas-ml simulate 'zoo:mlp?layers=4&width=2048&batch=512&step=train' --target H100 --system ring:4x150 --out out/demo
+
+bench: setup
+	$(PY) eval/bench_pipeline.py
+
+clean:
+	rm -rf out .pytest_cache

@@ -1,0 +1,163 @@
+"""``simulate``, ``analyze`` and ``replay``: the pipeline's commands."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="program -> regions -> labels -> Chakra traces -> replayed step time",
+                       description="Simulate one step of a StableHLO program on a system of accelerators.")
+    p.add_argument("program", help="a .mlir file (text or bytecode) or a zoo spec such as zoo:mlp?layers=4")
+    p.add_argument("--target", default="H100", help="hardware target preset or YAML file (default: H100)")
+    p.add_argument("--system", help="ASTRA-sim system folder, or a spec such as ring:4x150 or "
+                                    "switch:8x400,ring:4x50 (npus x GB/s per dimension); "
+                                    "may be left out for a one-device program")
+    p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
+    p.add_argument("--split", default="fusion", choices=["fusion", "linear", "individual"],
+                   help="how the program is cut into compute regions (default: fusion)")
+    p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"],
+                   help="network replay: the real ASTRA-sim binary if found (auto), or our embedded one")
+    p.add_argument("--astra-sim-bin", help="path to AstraSim_Analytical_Congestion_Unaware (or _Aware)")
+    p.add_argument("--out", help="keep Chakra traces, comm_group.json, the system files and regions.csv here")
+    p.add_argument("--top", type=int, default=10, help="how many of the most expensive regions to list")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("analyze", help="op statistics, FLOPs, bytes and unmodelled ops of a program",
+                       description="Count the ops of a program and its FLOPs and bytes per device.")
+    p.add_argument("program", help="a .mlir file or a zoo spec")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("replay", help="replay existing Chakra traces (<prefix>.<rank>.et) on a system",
+                       description="Replay Chakra execution traces with ASTRA-sim's analytical network model.")
+    p.add_argument("prefix", help="trace path prefix: <prefix>.0.et, <prefix>.1.et, … must exist")
+    p.add_argument("--system", required=True, help="ASTRA-sim system folder or a spec such as ring:4x150")
+    p.add_argument("--comm-group", help="communicator-group JSON (comm_group.json)")
+    p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
+    p.add_argument("--astra-sim-bin", help="path to an ASTRA-sim analytical binary")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_replay)
+
+
+def _ms(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def cmd_simulate(args) -> int:
+    from ..pipeline import simulate
+
+    res = simulate(args.program, target=args.target, system=args.system, fidelity=args.fidelity,
+                   split=args.split, replay=args.replay, astra_sim_bin=args.astra_sim_bin, out=args.out)
+    if args.json:
+        print(json.dumps(res.to_dict(top=args.top), indent=2))
+        return 0
+    w = sys.stdout.write
+    w(f"program       {res.program}  ({res.n_devices} device{'s' if res.n_devices > 1 else ''})\n")
+    w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split)\n")
+    w(f"system        {res.system}   replay {res.replay}\n")
+    w(f"step time     {_ms(res.step_time_s)}\n")
+    w(f"compute time  {_ms(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}, {_si(res.bytes, 'B')} per device)\n")
+    w(f"exposed comm  {_ms(res.exposed_comm_s)}\n")
+    w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
+    top = res.top_regions(args.top)
+    if top:
+        w(f"\nmost expensive compute regions (of {sum(1 for r in res.regions if r.kind == 'compute')}):\n")
+        w(f"  {'region':>7}  {'ops':<34} {'count':>5}  {'time/exec':>10}  {'total':>10}  {'share':>6}  bound\n")
+        total = max(res.compute_time_s, 1e-30)
+        for r in top:
+            w(f"  {r.id:>7}  {r.name[:34]:<34} {r.count:>5}  {_ms(r.seconds):>10}  {_ms(r.total_seconds):>10}"
+              f"  {100 * r.total_seconds / total:5.1f}%  {r.bound}\n")
+    if res.unmodelled:
+        w("\nunmodelled ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(res.unmodelled.items())) + "\n")
+    for msg in res.warnings:
+        print(f"warning: {msg}", file=sys.stderr)
+    if res.out_dir:
+        w(f"\ntraces, system files and regions.csv written to {res.out_dir}\n")
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    from ..ingest import load_program
+    from ..label.costs import graph_cost
+    from ..split.regions import split_program
+
+    graph = load_program(args.program)
+    totals = graph_cost(graph)
+    rg = split_program(graph, "fusion")
+    fused_bytes = sum(r.bytes * r.count for r in rg.compute_regions())
+    collectives: dict[str, dict[str, float]] = {}
+    for r in rg.collectives():
+        c = collectives.setdefault(r.collective.kind, {"count": 0, "bytes": 0})
+        c["count"] += r.count
+        c["bytes"] += r.collective.comm_bytes * r.count
+    ops = dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1]))
+    out = {
+        "program": graph.source or graph.name, "n_devices": graph.n_devices, "per_device": True,
+        "flops": totals["flops"], "transcendentals": totals["transcendentals"], "bytes": totals["bytes"],
+        "bytes_fused": fused_bytes, "ops": ops, "unmodelled": totals["unmodelled"],
+        "collectives": collectives, "n_kernels": len(rg.compute_regions()),
+        "loops": [{"trip_count": lp.trip_count, "derived": lp.derived} for lp in graph.loops],
+        "warnings": graph.warnings,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    w = sys.stdout.write
+    w(f"program      {out['program']}  ({graph.n_devices} device{'s' if graph.n_devices > 1 else ''})\n")
+    w(f"FLOPs        {_si(out['flops'], 'FLOP')} per device ({_si(out['transcendentals'], '')} transcendental)\n")
+    w(f"bytes        {_si(out['bytes'], 'B')} op by op, {_si(fused_bytes, 'B')} at fusion boundaries "
+      f"({out['n_kernels']} kernels)\n")
+    w(f"ops          {sum(ops.values())} executions of {len(ops)} kinds\n")
+    for name, n in list(ops.items())[:25]:
+        w(f"  {name:<28} {n:>8}\n")
+    if len(ops) > 25:
+        w(f"  … {len(ops) - 25} more kinds (--json lists all)\n")
+    if collectives:
+        w("collectives\n")
+        for k, c in collectives.items():
+            w(f"  {k:<28} {int(c['count']):>8}  {_si(c['bytes'], 'B')}\n")
+    if out["unmodelled"]:
+        w("unmodelled   " + ", ".join(f"{k} x{v}" for k, v in out["unmodelled"].items()) + "\n")
+    else:
+        w("unmodelled   none\n")
+    for msg in graph.warnings:
+        print(f"warning: {msg}", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from pathlib import Path
+
+    from ..replay import replay
+    from ..replay.system import load_comm_groups, load_system
+
+    cfg = load_system(args.system)
+    groups = load_comm_groups(args.comm_group) if args.comm_group else None
+    res = replay(Path(args.prefix), cfg, groups, backend=args.replay, binary=args.astra_sim_bin)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    w = sys.stdout.write
+    w(f"traces        {args.prefix}.<0..{len(res.ranks) - 1}>.et\n")
+    w(f"system        {cfg.source}   replay {res.backend}\n")
+    w(f"step time     {_ms(res.step_time_s)}\n")
+    w(f"exposed comm  {_ms(res.exposed_comm_s)} (on the rank that finishes last)\n")
+    w(f"\n  {'rank':>5}  {'finish':>12}  {'exposed comm':>12}  {'compute':>12}  {'comm':>12}\n")
+    for r in res.ranks:
+        w(f"  {r.rank:>5}  {_ms(r.finish_ns * 1e-9):>12}  {_ms(r.exposed_comm_ns * 1e-9):>12}  "
+          f"{_ms(r.gpu_ns * 1e-9):>12}  {_ms(r.comm_ns * 1e-9):>12}\n")
+    return 0
