@@ -1,0 +1,25 @@
+"""Ingest: a StableHLO program (a ``.mlir`` file, text or bytecode, or a ``zoo:`` spec) → :class:`OpGraph`.
+
+Importing this package does not import jax; jax is imported when something is parsed or exported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import IngestError
+from .graph import Loop, Op, OpGraph, TensorType
+from .stablehlo import parse_file, parse_module
+
+
+def load_program(source: str | Path) -> OpGraph:
+    """Ingest ``source``: a path to a ``.mlir`` file (text or MLIR bytecode) or a ``zoo:`` spec."""
+    from .zoo import is_zoo_spec, load_zoo
+
+    if is_zoo_spec(source):
+        return load_zoo(str(source))
+    if isinstance(source, str) and not source.strip():
+        raise IngestError("<empty>", "no program given (a .mlir path or a zoo: spec)")
+    return parse_file(source)
+
+
+__all__ = ["IngestError", "Loop", "Op", "OpGraph", "TensorType", "load_program", "parse_file", "parse_module"]
