@@ -106,7 +106,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     if isinstance(program, OpGraph):
         graph = program
     else:
-        graph = load_program(program)
+        graph = load_program(program, devices=sys_cfg.n_npus if sys_cfg else None)
     timings["ingest"] = time.perf_counter() - t0
 
     n = graph.n_devices

@@ -11,12 +11,19 @@ from .graph import Loop, Op, OpGraph, TensorType
 from .stablehlo import parse_file, parse_module
 
 
-def load_program(source: str | Path) -> OpGraph:
-    """Ingest ``source``: a path to a ``.mlir`` file (text or MLIR bytecode) or a ``zoo:`` spec."""
-    from .zoo import is_zoo_spec, load_zoo
+def load_program(source: str | Path, devices: int | None = None) -> OpGraph:
+    """Ingest ``source``: a path to a ``.mlir`` file (text or MLIR bytecode) or a ``zoo:`` spec.
+
+    ``devices`` is the device count of the system the program will run on: a zoo spec that does not
+    name its ``devices`` is generated for that many (a file keeps the devices it was exported for).
+    """
+    from .zoo import is_zoo_spec, load_zoo, with_default_devices
 
     if is_zoo_spec(source):
-        return load_zoo(str(source))
+        spec = str(source)
+        if devices is not None:
+            spec = with_default_devices(spec, devices)
+        return load_zoo(spec)
     if isinstance(source, str) and not source.strip():
         raise IngestError("<empty>", "no program given (a .mlir path or a zoo: spec)")
     return parse_file(source)

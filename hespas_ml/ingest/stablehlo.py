@@ -16,7 +16,8 @@ Decoded attribute forms (``Op.attrs``), so later stages never touch MLIR objects
   list (= all participants) becomes the explicit groups. Ids outside the program's devices are an error;
 * ``comparison_direction`` → ``"LT"`` …; other dialect attributes → their text;
 * large constants are not kept: a constant's ``value`` is its scalar when it is a splat, else dropped;
-* ops with reducer bodies (reduce, sort, scatter, all_reduce …) get ``body_ops`` = ops in the body.
+* ops with reducer bodies (reduce, sort, scatter, all_reduce …) get ``body_ops`` = ops in the body and
+  ``body_op_kinds`` = one list of op kinds per body region (terminators left out).
 
 Bad input of any kind (not MLIR, truncated, dynamic shapes, missing ``main``, recursion …) raises
 :class:`IngestError` with a one-line message. Inputs on which MLIR's C++ would crash or hang the process
@@ -721,8 +722,10 @@ class _Ingester:
         result_types = self._types(op.results, op, f"the result of {name}")
         attrs = self._decode_attrs(op)
         if name in _BODY_OPS and op.regions:
-            attrs["body_ops"] = sum(1 for r in op.regions for b in r.blocks for o in b.operations
-                                    if o.operation.name not in _TERMINATORS)
+            kinds = [[o.operation.name.split(".", 1)[-1] for b in r.blocks for o in b.operations
+                      if o.operation.name not in _TERMINATORS] for r in op.regions]
+            attrs["body_ops"] = sum(len(k) for k in kinds)
+            attrs["body_op_kinds"] = kinds
         if "replica_groups" in attrs or "source_target_pairs" in attrs:
             self._resolve_devices(op, name.split(".", 1)[-1], attrs)
         if name == "stablehlo.custom_call":

@@ -134,3 +134,14 @@ def test_console_script_runs_as_a_process():
                           capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["n_comm_nodes"] == 1
+
+
+def test_zoo_program_takes_its_device_count_from_the_system(capsys):
+    code, out, _ = run_cli(capsys, "simulate", "zoo:mlp?layers=3&width=128&batch=64", "--target", "A100-40GB",
+                           "--system", "ring:4x150", "--json")
+    assert code == 0
+    res = json.loads(out)
+    assert res["n_devices"] == 4 and res["program"].endswith("devices=4")
+    # data parallel training: one all-reduce per weight and bias, plus one for the loss
+    assert res["n_comm_nodes"] == 3 * 2 + 1
+    assert res["exposed_comm_s"] > 0

@@ -392,17 +392,20 @@ def test_reducer_body_kinds_give_xla_figures() -> None:
     ref = xla_of_text(_REDUCE_CONST_BODY)
     reductions = 4 * 32 - 4
     assert ref["flops"] == 2 * reductions and ref["transcendentals"] == reductions   # XLA's convention
-    fallback = op_cost(reduce)
-    assert fallback.flops == reduce.attrs["body_ops"] * reductions
-    reduce.attrs["body_op_kinds"] = [["constant", "multiply", "exponential", "add"]]
+    assert reduce.attrs["body_op_kinds"] == [["constant", "multiply", "exponential", "add"]]   # from ingest
     exact = op_cost(reduce)
     assert (exact.flops, exact.transcendentals) == (ref["flops"], ref["transcendentals"])
+    reduce.attrs.pop("body_op_kinds")                       # without the kinds: one FLOP per body op
+    fallback = op_cost(reduce)
+    assert fallback.flops == reduce.attrs["body_ops"] * reductions
 
 
 def test_select_and_scatter_regions_are_costed_separately() -> None:
     graph, lowered = lowered_case(next(c for c in CASES if c.op == "select_and_scatter"))
     sas = next(op for op in graph.ops if op.kind == "select_and_scatter")
     source = sas.operand_types[1].numel
+    assert len(sas.attrs["body_op_kinds"]) == 2                       # select body, scatter body
+    sas.attrs["body_op_kinds"] = [["compare"], ["add"]]               # a 1-op select body
     assert op_cost(sas).flops == source * 3 + source                  # 2x2 window: 3 selects, 1 scatter add
     sas.attrs["body_op_kinds"] = [["compare", "and"], ["add"]]        # a 2-op select body
     assert op_cost(sas).flops == source * 3 * 2 + source

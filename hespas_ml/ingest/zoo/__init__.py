@@ -75,6 +75,17 @@ def parse_zoo_spec(spec: str) -> tuple[str, dict[str, ParamValue]]:
     return family, params
 
 
+def with_default_devices(spec: str, devices: int) -> str:
+    """``spec`` with ``devices=N`` added when the family takes a device count and the spec names none."""
+    family, _, query = spec.strip()[len(PREFIX):].partition("?")
+    entry = ZOO.get(family.strip())
+    if entry is None or entry.param("devices") is None:
+        return spec
+    if any(item.partition("=")[0].strip() == "devices" for item in query.split("&")):
+        return spec
+    return spec.strip() + ("&" if query.strip() else "?") + f"devices={devices}"
+
+
 def canonical_spec(family: str, params: dict[str, ParamValue]) -> str:
     """The one spelling of a program: every parameter, in declaration order."""
     entry = ZOO[family]
@@ -103,4 +114,4 @@ def load_zoo(spec: str):
 
 
 __all__ = ["ZOO", "ZooEntry", "ZooParam", "canonical_spec", "is_zoo_spec", "load_zoo", "parse_zoo_spec",
-           "zoo_program"]
+           "with_default_devices", "zoo_program"]
