@@ -39,17 +39,15 @@ class TensorType:
 
     shape: tuple[int, ...]
     dtype: str
+    numel: int = field(init=False, compare=False, repr=False)     # elements (computed once)
+    nbytes: int = field(init=False, compare=False, repr=False)    # bytes (computed once)
 
-    @property
-    def numel(self) -> int:
+    def __post_init__(self) -> None:
         n = 1
         for d in self.shape:
             n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.numel * DTYPE_BYTES.get(self.dtype, 4))
+        object.__setattr__(self, "numel", n)
+        object.__setattr__(self, "nbytes", int(n * DTYPE_BYTES.get(self.dtype, 4)))
 
     def __str__(self) -> str:  # tensor<4x8xf32> style, for messages and tables
         return "x".join([*map(str, self.shape), self.dtype])
@@ -76,11 +74,10 @@ class Op:
     loop: int | None = None          # innermost Loop id, if inside a while body
     fusion: int | None = None        # id of the enclosing XLA fusion (mhlo.fusion), if any
     func: str = "main"               # call path where the op was defined, e.g. "main/layer_0"
+    kind: str = field(init=False, compare=False)   # opcode without its dialect: dot_general, copy, all_reduce …
 
-    @property
-    def kind(self) -> str:
-        """Opcode without its dialect: ``dot_general``, ``copy``, ``all_reduce`` …"""
-        return self.opcode.split(".", 1)[-1]
+    def __post_init__(self) -> None:
+        self.kind = self.opcode.split(".", 1)[-1]
 
     @property
     def is_collective(self) -> bool:

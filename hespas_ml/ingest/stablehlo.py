@@ -475,6 +475,7 @@ class _Ingester:
         self.inferred_devices = False
         self.where_op = None                      # op being ingested, for internal-error messages
         self._warned: set[str] = set()
+        self._type_cache: dict = {}                # MLIR type -> its flattened TensorTypes
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> OpGraph:
@@ -573,9 +574,17 @@ class _Ingester:
             out.append(t)
 
     def _types(self, values, op, what: str) -> list[TensorType]:
+        """Flattened tensor types of ``values``; MLIR uniques types, so each distinct one is converted once."""
         out: list[TensorType] = []
+        cache = self._type_cache
         for v in values:
-            self._flat_types(v.type, op, what, out)
+            ty = v.type
+            hit = cache.get(ty)
+            if hit is None:
+                hit = []
+                self._flat_types(ty, op, what, hit)
+                cache[ty] = hit
+            out.extend(hit)
         return out
 
     # -- walking ---------------------------------------------------------------------------------
