@@ -33,9 +33,12 @@ class Fidelity(Protocol):
 
 
 def get_fidelity(name: str) -> Fidelity:
-    """A fidelity by name: ``roofline`` (more arrive with later stages)."""
+    """A fidelity by name: ``roofline`` or ``scalesim``."""
     key = name.strip().lower()
     if key == "roofline":
         from .roofline import RooflineFidelity
         return RooflineFidelity()
-    raise FidelityError(f"unknown fidelity '{name}' (available: roofline)")
+    if key == "scalesim":
+        from .scalesim import ScaleSimFidelity
+        return ScaleSimFidelity()
+    raise FidelityError(f"unknown fidelity '{name}' (available: roofline, scalesim)")

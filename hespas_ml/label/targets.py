@@ -193,6 +193,8 @@ def fallback_dtypes(dtype: str) -> tuple[str, ...]:
         chain = [d, "i8", "i32"]
     elif d in ("i8", "i16", "i64"):
         chain = [d, "i32"]
+    elif d == "f16":  # TPUs have no f16 units: XLA runs f16 matmuls on the bf16 MXU (bf16 stays bf16:
+        chain = [d, "bf16"]  # Volta has no bf16 at all and upcasts it to f32)
     elif d.startswith("complex<") and d.endswith(">"):
         chain = [d, normalize_dtype(d[len("complex<"):-1])]
     else:

@@ -124,6 +124,8 @@ def test_dtype_spellings_and_fallbacks() -> None:
     assert h100.peak_flops("f8E4M3FNUZ") == h100.matrix_flops["f8E4M3FN"]
     assert h100.peak_flops("i1") == h100.matrix_flops["i8"]
     assert v100.peak_flops("bf16") == v100.vector_flops["f32"]                # no bf16 on Volta
+    tpu = load_target("TPUv3")
+    assert tpu.peak_flops("f16") == tpu.matrix_flops["bf16"]                  # f16 matmuls run on the bf16 MXU
     assert v4.peak_flops("f64") == v4.peak_flops("f32")
     assert v4.peak_flops("no-such-type") == v4.peak_flops("f32")
     with pytest.raises(TargetError, match="unit"):
