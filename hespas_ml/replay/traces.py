@@ -11,7 +11,9 @@
   "every device" become communicator groups: ``comm_group.json`` ids and a ``pg_name`` per node; a device
   outside every group of a collective gets no node for it (its dependants wait on what it waited on).
 * collective_permute becomes COMM_SEND / COMM_RECV pairs matched by a tag unique to that permute.
-* A collective inside a loop body runs once per trip: its node is repeated, chained, ``count`` times.
+* Loop bodies that hold a collective are unrolled (see :func:`schedule`): each trip gets its own nodes, so
+  compute and communication interleave as on the device, and trip k+1 waits for trip k where the loop
+  carries values. Loops without collectives stay rolled up: one COMP node for all trips.
 * Compute regions with nothing to do (only free ops: reshapes, constants) get no node.
 """
 from __future__ import annotations
@@ -44,28 +46,142 @@ class TraceSet:
         return comp, len(self.traces[rank]) - comp
 
 
+MAX_UNROLLED_INSTANCES = 500_000   # region instances per device beyond which loops stay rolled up
+
+
+@dataclass(slots=True)
+class _Instance:
+    """One execution slot of a region in the schedule: loop bodies with collectives are unrolled."""
+
+    region: object
+    key: tuple[tuple[int, int], ...]     # ((loop id, iteration), …) of the unrolled loops around it
+    times: int                           # executions this slot stands for (rolled-up inner loops)
+
+
+def schedule(rg: RegionGraph) -> tuple[list[_Instance], list[str]]:
+    """Region instances in execution order. A loop whose body holds a collective is unrolled (its body's
+    regions appear once per trip, so compute and communication interleave as they do on the device);
+    other loops stay rolled up (one instance whose time is multiplied by the trip count)."""
+    loops = rg.graph.loops
+    comm_loops: set[int] = set()
+    for r in rg.collectives():
+        lp = r.loop
+        while lp is not None:
+            comm_loops.add(lp)
+            lp = loops[lp].parent
+    chains: dict[int | None, tuple[int, ...]] = {}
+
+    def unrolled_chain(loop: int | None) -> tuple[int, ...]:
+        hit = chains.get(loop)
+        if hit is None:
+            out: list[int] = []
+            lp = loop
+            while lp is not None:
+                if lp in comm_loops:
+                    out.append(lp)
+                lp = loops[lp].parent
+            hit = chains[loop] = tuple(reversed(out))
+        return hit
+
+    regions = rg.regions
+    warnings: list[str] = []
+    total = 0
+    for r in regions:
+        n = 1
+        for lp in unrolled_chain(r.loop):
+            n *= max(1, loops[lp].trip_count)
+        total += n
+    if total > MAX_UNROLLED_INSTANCES:
+        warnings.append(f"loops with collectives would unroll to {total} region instances; kept rolled up "
+                        "(each collective repeated back to back)")
+        return [_Instance(r, (), max(1, r.count)) for r in regions], warnings
+
+    out: list[_Instance] = []
+
+    def expand(lo: int, hi: int, depth: int, key: tuple[tuple[int, int], ...]) -> None:
+        i = lo
+        while i < hi:
+            chain = unrolled_chain(regions[i].loop)
+            if len(chain) <= depth:
+                r = regions[i]
+                unrolled = 1
+                for lp, _ in key:
+                    unrolled *= max(1, loops[lp].trip_count)
+                out.append(_Instance(r, key, max(1, r.count // unrolled)))
+                i += 1
+                continue
+            loop = chain[depth]
+            j = i
+            while j < hi and len(unrolled_chain(regions[j].loop)) > depth and \
+                    unrolled_chain(regions[j].loop)[depth] == loop:
+                j += 1
+            for k in range(max(1, loops[loop].trip_count)):
+                expand(i, j, depth + 1, key + ((loop, k),))
+            i = j
+
+    expand(0, len(regions), 0, ())
+    return out, warnings
+
+
 def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int | None = None) -> TraceSet:
     """Build the per-device traces. ``region_seconds[r.id]`` is one execution of region ``r``."""
     n = n_ranks or rg.n_devices
-    regions = rg.regions
+    loops = rg.graph.loops
+    instances, warnings = schedule(rg)
+    rg.graph.warnings.extend(w for w in warnings if w not in rg.graph.warnings)
+    region_loops = {r.id: tuple(lp for lp, _ in inst.key) for inst in instances for r in [inst.region]}
     group_ids: dict[tuple[int, ...], int] = {}
     traces: list[list[EtNode]] = [[] for _ in range(n)]
-    # per rank: region id -> node ids that stand for the region's completion on that rank
-    done: list[dict[int, list[int]]] = [dict() for _ in range(n)]
+    # per rank: (region id, iteration key) -> node ids that stand for that instance's completion
+    done: list[dict[tuple, list[int]]] = [dict() for _ in range(n)]
+    # the sinks of each unrolled loop body: what the next trip waits for (the loop-carried values)
+    sinks: dict[int, list[int]] = {}
+    for loop in {lp for chain in region_loops.values() for lp in chain}:
+        inside = [rid for rid, chain in region_loops.items() if loop in chain]
+        used = {d for rid in inside for d in rg.regions[rid].deps}
+        sinks[loop] = [rid for rid in inside if rid not in used]
     next_id = 0
     exact_total = 0.0
     carried_exact = 0.0
     carried_us = 0
     region_of_node: dict[int, int] = {}
-    permute_tag = 0
-    for r in regions:
+    permute_count = 0
+
+    def dep_nodes(rank: int, inst: _Instance) -> list[int]:
+        """Nodes an instance waits for: its region's producers in the matching iterations, and — for the
+        regions that start a loop trip — the sinks of the previous trip (where loop-carried values end)."""
+        r, key = inst.region, inst.key
+        it = dict(key)
+        out: list[int] = []
+        inner_dep = False
+        for d in r.deps:
+            d_loops = region_loops.get(d, ())
+            d_key = tuple((lp, it.get(lp, max(1, loops[lp].trip_count) - 1)) for lp in d_loops)
+            out.extend(done[rank].get((d, d_key), ()))
+            if key and key[-1][0] in d_loops:
+                inner_dep = True
+        if key and not inner_dep and key[-1][1] > 0:
+            loop, k = key[-1]
+            prev = dict(it)
+            prev[loop] = k - 1
+            for s_id in sinks[loop]:
+                s_key = tuple((lp, prev.get(lp, max(1, loops[lp].trip_count) - 1)) for lp in region_loops[s_id])
+                out.extend(done[rank].get((s_id, s_key), ()))
+        return sorted(set(out)) if len(out) > 1 else out
+
+    def finish(rank: int, inst: _Instance, nodes: list[int]) -> None:
+        done[rank][(inst.region.id, inst.key)] = nodes
+
+    for inst in instances:
+        r = inst.region
+        suffix = "".join(f"_{k}" for _, k in inst.key)
         if r.kind == "compute":
-            seconds = float(region_seconds[r.id]) * r.count
-            flops = r.flops * r.count
-            nbytes = r.bytes * r.count
+            seconds = float(region_seconds[r.id]) * inst.times
+            flops = r.flops * inst.times
+            nbytes = r.bytes * inst.times
             if seconds <= 0.0 and flops == 0 and nbytes == 0:
                 for rank in range(n):
-                    done[rank][r.id] = _deps(done[rank], r.deps)
+                    finish(rank, inst, dep_nodes(rank, inst))
                 continue
             exact_total += seconds
             carried_exact += seconds * 1e6
@@ -75,47 +191,45 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
             next_id += 1
             region_of_node[nid] = r.id
             attrs = {"num_ops": max(1, int(flops)), "tensor_size": max(1, int(nbytes))}
-            name = f"comp_{r.id}"
+            name = f"comp_{r.id}{suffix}"
             for rank in range(n):
-                deps = _deps(done[rank], r.deps)
-                traces[rank].append(EtNode(nid, name, chakra.COMP_NODE, deps, [], micros, dict(attrs)))
-                done[rank][r.id] = [nid]
+                traces[rank].append(EtNode(nid, name, chakra.COMP_NODE, dep_nodes(rank, inst), [], micros,
+                                           dict(attrs)))
+                finish(rank, inst, [nid])
             continue
         c = r.collective
         if c.kind == "collective_permute":
-            permute_tag += 1
-            for _ in range(max(1, r.count)):
-                ids = _permute_nodes(traces, done, r, c, next_id, permute_tag)
-                next_id = ids
+            for rep in range(inst.times):
+                permute_count += 1          # a tag per execution: every rank counts them in the same order
+
+                def deps_of(rank: int, inst=inst, rep=rep) -> list[int]:
+                    return dep_nodes(rank, inst) if rep == 0 else done[rank][(inst.region.id, inst.key)]
+
+                next_id = _permute_nodes(traces, inst, c, next_id, permute_count, deps_of, finish)
             continue
         comm_type = getattr(chakra, COLLECTIVE_TO_COMM.get(c.kind, "ALL_REDUCE"))
         size = max(MIN_COMM_BYTES, int(c.comm_bytes))
         member_pg: dict[int, str] = {}
-        if c.groups:
-            for g in c.groups:
-                key = tuple(g)
-                if len(g) == n and sorted(g) == list(range(n)):
-                    pg = ""
-                else:
-                    pg = str(group_ids.setdefault(key, len(group_ids) + 1))
-                for rank in g:
-                    if rank < n:
-                        member_pg[rank] = pg
-        for rep in range(max(1, r.count)):
+        for g in c.groups:
+            pg = "" if len(g) == n and sorted(g) == list(range(n)) else \
+                str(group_ids.setdefault(tuple(g), len(group_ids) + 1))
+            for rank in g:
+                if rank < n:
+                    member_pg[rank] = pg
+        for rep in range(inst.times):
             nid = next_id
             next_id += 1
-            name = f"{c.kind}_{r.id}" + (f"_{rep}" if r.count > 1 else "")
+            name = f"{c.kind}_{r.id}{suffix}" + (f"_{rep}" if inst.times > 1 else "")
             for rank in range(n):
-                deps = _deps(done[rank], r.deps) if rep == 0 else done[rank][r.id]
+                deps = dep_nodes(rank, inst) if rep == 0 else done[rank][(r.id, inst.key)]
                 if c.groups and rank not in member_pg:
-                    done[rank][r.id] = deps
+                    finish(rank, inst, deps)
                     continue
                 attrs = {"comm_type": comm_type, "comm_size": size}
-                pg = member_pg.get(rank, "")
-                if pg:
-                    attrs["pg_name"] = pg
+                if member_pg.get(rank):
+                    attrs["pg_name"] = member_pg[rank]
                 traces[rank].append(EtNode(nid, name, chakra.COMM_COLL_NODE, deps, [], 0, attrs))
-                done[rank][r.id] = [nid]
+                finish(rank, inst, [nid])
     encoded = carried_us * 1e-6
     for rank in range(n):
         if not traces[rank]:   # ASTRA-sim aborts on a rank without nodes
@@ -124,37 +238,23 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     return TraceSet(traces, groups, exact_total, encoded, region_of_node)
 
 
-def _deps(done: dict[int, list[int]], region_deps: list[int]) -> list[int]:
-    out: list[int] = []
-    for d in region_deps:
-        out.extend(done.get(d, ()))
-    return sorted(set(out)) if len(out) > 1 else out
-
-
-def _permute_nodes(traces, done, r, c, next_id: int, tag: int) -> int:
+def _permute_nodes(traces, inst, c, next_id: int, tag: int, deps_of, finish) -> int:
     """SEND/RECV nodes of one collective_permute execution; returns the next free node id."""
     n = len(traces)
+    r = inst.region
     size = max(1, int(c.comm_bytes))
-    send_ids: dict[tuple[int, int], int] = {}
-    recv_ids: dict[tuple[int, int], int] = {}
-    for src, dst in c.pairs:
-        if src == dst or src >= n or dst >= n:
-            continue
-        send_ids[(src, dst)] = next_id
-        recv_ids[(src, dst)] = next_id + 1
-        next_id += 2
+    pairs = [(src, dst) for src, dst in c.pairs if src != dst and src < n and dst < n]
+    ids = {pair: next_id + 2 * i for i, pair in enumerate(pairs)}
     for rank in range(n):
-        base = done[rank].get(r.id)
-        deps = base if base is not None else _deps(done[rank], r.deps)
+        deps = deps_of(rank)
         mine: list[int] = []
-        for (src, dst), sid in send_ids.items():
+        for (src, dst), sid in ids.items():
             attrs = {"comm_src": src, "comm_dst": dst, "comm_size": size, "comm_tag": tag}
             if src == rank:
                 traces[rank].append(EtNode(sid, f"send_{r.id}", chakra.COMM_SEND_NODE, deps, [], 0, attrs))
                 mine.append(sid)
             if dst == rank:
-                rid = recv_ids[(src, dst)]
-                traces[rank].append(EtNode(rid, f"recv_{r.id}", chakra.COMM_RECV_NODE, deps, [], 0, dict(attrs)))
-                mine.append(rid)
-        done[rank][r.id] = mine or deps
-    return next_id
+                traces[rank].append(EtNode(sid + 1, f"recv_{r.id}", chakra.COMM_RECV_NODE, deps, [], 0, dict(attrs)))
+                mine.append(sid + 1)
+        finish(rank, inst, mine or deps)
+    return next_id + 2 * len(pairs)

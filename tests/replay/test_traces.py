@@ -96,3 +96,67 @@ def test_traces_round_trip_through_et_files(tmp_path):
     for orig, dec in zip(ts.traces, back):
         assert [(n.id, n.type, n.data_deps, n.duration_micros, n.attrs) for n in orig] == \
                [(n.id, n.type, n.data_deps, n.duration_micros, n.attrs) for n in dec]
+
+
+LOOP_WITH_ALLREDUCE = """
+module @loop_ar attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 4 : i32} {
+  func.func @main(%x: tensor<256x256xf32>) -> tensor<256x256xf32> {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %r:2 = stablehlo.while(%i = %c0, %a = %x) : tensor<i32>, tensor<256x256xf32>
+     cond {
+      %lim = stablehlo.constant dense<3> : tensor<i32>
+      %p = stablehlo.compare LT, %i, %lim, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+     } do {
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %n = stablehlo.add %i, %one : tensor<i32>
+      %d = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>
+      %s = "stablehlo.all_reduce"(%d) <{replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>}> ({
+      ^bb0(%p0: tensor<f32>, %p1: tensor<f32>):
+        %q = stablehlo.add %p0, %p1 : tensor<f32>
+        stablehlo.return %q : tensor<f32>
+      }) : (tensor<256x256xf32>) -> tensor<256x256xf32>
+      stablehlo.return %n, %s : tensor<i32>, tensor<256x256xf32>
+     }
+    return %r#1 : tensor<256x256xf32>
+  }
+}
+"""
+
+
+def test_loop_bodies_with_collectives_are_unrolled_and_interleaved():
+    from hespas_ml.replay import replay
+
+    rg = split_program(parse_module(LOOP_WITH_ALLREDUCE, "loop_ar"))
+    dot = next(r for r in rg.compute_regions() if any(rg.graph.ops[i].kind == "dot_general" for i in r.op_ids))
+    seconds = [0.0] * len(rg.regions)
+    seconds[dot.id] = 40e-6
+    ts = build_traces(rg, seconds)
+    nodes = {n.id: n for n in ts.traces[0]}
+    is_dot = {nid for nid, rid in ts.region_of_node.items() if rid == dot.id}
+    seq = ["dot" if n.id in is_dot else "ar" for n in ts.traces[0]
+           if n.id in is_dot or n.type == chakra.COMM_COLL_NODE]
+    assert seq == ["dot", "ar", "dot", "ar", "dot", "ar"]
+    comps = [n for n in ts.traces[0] if n.id in is_dot]
+    ars = [n for n in ts.traces[0] if n.type == chakra.COMM_COLL_NODE]
+    assert [c.duration_micros for c in comps] == [40, 40, 40]     # one trip each, not 3 x 40 in one node
+    # trip k's matmul waits for trip k-1's all-reduce (the loop-carried value)
+    for k in (1, 2):
+        assert ars[k - 1].id in comps[k].data_deps or any(
+            ars[k - 1].id in nodes[d].data_deps for d in comps[k].data_deps)
+    res = replay(ts.traces, "ring:4x100")
+    one_ar = replay([[chakra.EtNode(0, "ar", chakra.COMM_COLL_NODE, [], [], 0,
+                                    {"comm_type": chakra.ALL_REDUCE, "comm_size": 256 * 256 * 4})]] * 4,
+                    "ring:4x100").step_time_s
+    assert res.step_time_s == pytest.approx(3 * (40e-6 + one_ar), rel=1e-3)
+
+
+def test_huge_unrolls_fall_back_to_rolled_loops(monkeypatch):
+    import hespas_ml.replay.traces as traces_mod
+
+    monkeypatch.setattr(traces_mod, "MAX_UNROLLED_INSTANCES", 2)
+    rg = split_program(parse_module(LOOP_WITH_ALLREDUCE, "loop_ar"))
+    ts = traces_mod.build_traces(rg, [1e-5] * len(rg.regions))
+    ars = [n for n in ts.traces[0] if n.type == chakra.COMM_COLL_NODE]
+    assert len(ars) == 3                                   # the collective still runs once per trip
+    assert any("rolled up" in w for w in rg.graph.warnings)
