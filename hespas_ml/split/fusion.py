@@ -12,6 +12,8 @@ exports), those fusions are the kernels. Otherwise the grouping follows XLA's ma
   operands;
 * **output fusion** — a dot or convolution takes in its elementwise epilogue (bias, activation, scaling,
   convert) when the epilogue is its only consumer;
+* **operand layouts** — a transpose or reverse (the flipped kernel of a backward-data convolution) whose
+  only consumer is a dot or convolution is folded into it, as the backends do;
 * collectives, custom calls, sort, scatter, select_and_scatter, in-place updates, copies and RNG are
   kernels of their own.
 """
@@ -39,6 +41,8 @@ FUSIBLE_KINDS = frozenset({
 REDUCTION_KINDS = frozenset({"reduce", "reduce_window"})
 # Roots that take in a single elementwise consumer (output fusion).
 MATRIX_KINDS = frozenset({"dot_general", "dot", "convolution"})
+# Operand layout changes that a dot or convolution absorbs (dimension numbers, a flipped kernel).
+LAYOUT_KINDS = frozenset({"transpose", "reverse"})
 
 
 def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
@@ -51,10 +55,13 @@ def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
     members: list[list[int]] = []
     accepts_producers: list[bool] = []   # may producers still join this kernel?
 
+    root_kind: list[str] = []
+
     def new_group(i: int, open_: bool) -> None:
         group[i] = len(members)
         members.append([i])
         accepts_producers.append(open_)
+        root_kind.append(ops[i].kind)
 
     for i in range(n - 1, -1, -1):
         op = ops[i]
@@ -63,6 +70,11 @@ def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
         if kind in FUSIBLE_KINDS and us:
             gs = {group[u] for u in us}
             same_ctx = all(ops[u].loop == op.loop and ops[u].count == op.count for u in us)
+            if kind in LAYOUT_KINDS and same_ctx and len(gs) == 1 and root_kind[next(iter(gs))] in MATRIX_KINDS:
+                g = group[us[0]]          # a flipped/transposed operand is folded into the dot/conv
+                group[i] = g
+                members[g].append(i)
+                continue
             if same_ctx and len(gs) == 1:
                 g = gs.pop()
                 if accepts_producers[g]:

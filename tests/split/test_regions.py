@@ -135,3 +135,22 @@ def test_unknown_split_is_a_clean_error():
     graph = parse_module(CONV_BIAS_RELU, "x")
     with pytest.raises(SplitError, match="unknown split"):
         split_program(graph, "greedy")
+
+
+FLIPPED_KERNEL_CONV = """
+func.func @main(%dy: tensor<4x16x16x32xf32>, %w: tensor<3x3x16x32xf32>) -> tensor<4x16x16x16xf32> {
+  %r = stablehlo.reverse %w, dims = [0, 1] : tensor<3x3x16x32xf32>
+  %0 = stablehlo.convolution(%dy, %r) dim_numbers = [b, 0, 1, f]x[0, 1, o, i]->[b, 0, 1, f],
+       window = {stride = [1, 1], pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64}
+       : (tensor<4x16x16x32xf32>, tensor<3x3x16x32xf32>) -> tensor<4x16x16x16xf32>
+  return %0 : tensor<4x16x16x16xf32>
+}
+"""
+
+
+def test_flipped_kernel_of_a_backward_data_conv_folds_into_the_conv():
+    rg = split_program(parse_module(FLIPPED_KERNEL_CONV, "bwd_data"), "fusion")
+    (region,) = rg.compute_regions()
+    assert sorted(rg.graph.ops[i].kind for i in region.op_ids) == ["convolution", "reverse"]
+    dy, w, out = 4 * 16 * 16 * 32 * 4, 3 * 3 * 16 * 32 * 4, 4 * 16 * 16 * 16 * 4
+    assert region.kernels[0].bytes == dy + w + out
