@@ -16,11 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import IngestError
-from . import mlp
+from . import llama, mlp, moe, vit
+from . import cnn, micro_conv, micro_matmul, micro_vector
 from .base import ParamValue, ZooEntry, ZooParam
 
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     mlp.ENTRY,
+    llama.ENTRY,
+    vit.ENTRY,
+    moe.ENTRY,
+    cnn.ENTRY,
+    *micro_matmul.ENTRIES,
+    *micro_conv.ENTRIES,
+    *micro_vector.ENTRIES,
 )}
 
 PREFIX = "zoo:"

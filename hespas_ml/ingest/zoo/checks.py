@@ -1,0 +1,43 @@
+"""Parameter checks and derived sizes shared by the transformer families (no jax: specs are checked
+when they are parsed, long before anything is exported)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def swiglu_hidden(d_model: int, multiple: int = 128) -> int:
+    """Llama's SwiGLU hidden size: 8/3 · d_model rounded up to a multiple of ``multiple``."""
+    return multiple * math.ceil(8 * d_model / 3 / multiple)
+
+
+def check_heads(d_model: int, heads: int, kv_heads: int | None = None, rope: bool = False) -> str | None:
+    """A message when the attention head layout is impossible, else None."""
+    if d_model % heads:
+        return f"d_model={d_model} is not divisible by heads={heads}"
+    if rope and (d_model // heads) % 2:
+        return f"head size d_model/heads={d_model // heads} is odd (rotary embeddings need an even size)"
+    if kv_heads is not None and heads % kv_heads:
+        return f"kv_heads={kv_heads} does not divide heads={heads}"
+    return None
+
+
+def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str, int] | None = None,
+                   batch_key: str = "batch") -> str | None:
+    """A message when ``p["devices"]`` cannot share the step the way ``p["parallel"]`` says:
+    the batch for dp/fsdp/ep, each of ``tp_dims`` for tp, each of ``ep_dims`` for ep."""
+    n, parallel = p["devices"], p["parallel"]
+    if n == 1:
+        return None
+    strategy = parallel.removesuffix("-partitioned")
+    need: dict[str, int] = {}
+    if strategy in ("dp", "fsdp", "ep"):
+        need[batch_key] = p[batch_key]
+    if strategy == "tp":
+        need.update(tp_dims)
+    if strategy == "ep":
+        need.update(ep_dims or {})
+    for name, size in need.items():
+        if size % n:
+            return f"{name}={size} is not divisible by devices={n} (parallel={parallel} splits it)"
+    return None

@@ -1,0 +1,198 @@
+"""Parallelism building blocks for zoo families: meshes, sharding layouts, and explicit collectives
+whose gradients are the collectives a hand-written distributed step would use.
+
+Strategies (the ``parallel`` parameter of a family; one mesh axis of ``devices`` devices):
+
+* ``dp`` — data parallel: parameters replicated, the batch split; gradients summed with ``psum``.
+* ``fsdp`` — fully sharded data parallel: every parameter split along one axis (see
+  :func:`fsdp_axis`), gathered with ``all_gather`` right before use; the gradient of that gather is a
+  ``psum_scatter`` (reduce-scatter), so gradients come back sharded. The batch is split.
+* ``tp`` — Megatron tensor parallel: weights split along the axis a layout names (heads, hidden units);
+  the model marks where a parallel region starts (:meth:`Collectives.enter_tp`: identity forward,
+  all-reduce backward) and ends (:meth:`Collectives.exit_tp`: all-reduce forward, identity backward).
+  The batch is replicated.
+* ``ep`` — expert parallel: expert weights split along the expert axis, tokens split with the batch;
+  tokens reach their experts and come back with ``all_to_all``. Other parameters as in ``dp``.
+* ``<strategy>-partitioned`` — the same layouts given to ``jax.jit`` as ``in_shardings``; XLA's SPMD
+  partitioner chooses the collectives (the model's collective calls are then identities).
+
+This module imports jax; import it only inside a generator.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+AXIS = "devices"
+"""Name of the one mesh axis every strategy uses."""
+
+EXPLICIT = ("dp", "fsdp", "tp", "ep")
+BATCH_SHARDED = ("dp", "fsdp", "ep")
+
+Axes = dict[str, "int | None"]
+"""For each parameter of a group (by name), the axis a strategy splits, or None (replicated)."""
+
+
+def base_strategy(parallel: str) -> str:
+    """``fsdp`` for ``fsdp`` and ``fsdp-partitioned``."""
+    return parallel.removesuffix("-partitioned")
+
+
+def is_partitioned(parallel: str) -> bool:
+    return parallel.endswith("-partitioned")
+
+
+def make_mesh(n: int) -> Mesh:
+    """A one-axis mesh over the first ``n`` devices with an Auto axis (what shard_map and
+    ``in_shardings`` both accept; ``jax.make_mesh`` would default to Explicit axes)."""
+    return Mesh(np.array(jax.devices()[:n]), (AXIS,))
+
+
+PARTITIONER_FLAGS = {
+    # Replica groups as device lists, not mesh axes: with mesh-axes groups ("RGV3", the default)
+    # hlo_to_stablehlo turns a partitioner-chosen all-to-all into an mhlo.all_to_all whose
+    # replica_groups no MLIR parser accepts (jaxlib 0.10.2).
+    "xla_enable_rgv3_materialization": "false",
+    # No LLVM optimisation of the machine code nobody runs: same HLO, export 1.5-2x faster.
+    "xla_backend_optimization_level": "0",
+}
+
+
+def set_partitioner_flags() -> None:
+    """Add :data:`PARTITIONER_FLAGS` to ``XLA_FLAGS`` (those not set there already).
+
+    XLA reads ``XLA_FLAGS`` when the CPU backend starts, so this only acts before the first
+    ``jax.devices()`` of the process (as in a zoo export worker).
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    extra = [f"--{k}={v}" for k, v in PARTITIONER_FLAGS.items() if k not in flags]
+    if extra:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
+
+
+def fsdp_axis(shape: tuple[int, ...], n: int) -> int | None:
+    """The axis FSDP splits a parameter of ``shape`` along over ``n`` devices: the largest axis that
+    ``n`` divides (the first of equals), or None when none does (the parameter stays replicated)."""
+    best = None
+    for i, d in enumerate(shape):
+        if d % n == 0 and d >= n and (best is None or d > shape[best]):
+            best = i
+    return best
+
+
+def spec(axis: int | None, ndim: int) -> P:
+    """PartitionSpec splitting ``axis`` of an ``ndim``-dimensional array over the mesh axis."""
+    if axis is None:
+        return P()
+    return P(*([None] * axis + [AXIS] + [None] * (ndim - axis - 1)))
+
+
+# -- collectives with chosen gradients ---------------------------------------------------------------
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _all_gather(x, name: str, axis: int):
+    return jax.lax.all_gather(x, name, axis=axis, tiled=True)
+
+
+def _all_gather_fwd(x, name, axis):
+    return _all_gather(x, name, axis), None
+
+
+def _all_gather_bwd(name, axis, _, g):
+    return (jax.lax.psum_scatter(g, name, scatter_dimension=axis, tiled=True),)
+
+
+_all_gather.defvjp(_all_gather_fwd, _all_gather_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _identity_psum_grad(x, name: str):
+    """Identity; its gradient is summed over the axis (Megatron's "f")."""
+    return x
+
+
+def _ipg_fwd(x, name):
+    return x, None
+
+
+def _ipg_bwd(name, _, g):
+    return (jax.lax.psum(g, name),)
+
+
+_identity_psum_grad.defvjp(_ipg_fwd, _ipg_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _psum_identity_grad(x, name: str):
+    """Sum over the axis; its gradient passes through unchanged (Megatron's "g")."""
+    return jax.lax.psum(x, name)
+
+
+def _pig_fwd(x, name):
+    return jax.lax.psum(x, name), None
+
+
+def _pig_bwd(name, _, g):
+    return (g,)
+
+
+_psum_identity_grad.defvjp(_pig_fwd, _pig_bwd)
+
+
+class Collectives:
+    """What a model calls where a parallel strategy communicates. ``strategy`` is ``"none"`` (single
+    device or compiler-partitioned: every call is the identity) or one of :data:`EXPLICIT`, inside
+    ``shard_map`` over :data:`AXIS` with ``size`` devices. ``axes`` maps a parameter group name to its
+    FSDP layout (used by :meth:`gather`)."""
+
+    def __init__(self, strategy: str = "none", size: int = 1, axes: dict[str, Axes] | None = None):
+        self.strategy = strategy
+        self.size = size
+        self.axes = axes or {}
+
+    def gather(self, params: dict[str, Any], group: str) -> dict[str, Any]:
+        """FSDP: the full parameters of ``group`` (those named in ``params``), all-gathered; their
+        gradients reduce-scatter (replicated ones: all-reduce). Identity for other strategies."""
+        if self.strategy != "fsdp":
+            return params
+        layout = self.axes[group]
+        return {k: (_identity_psum_grad(v, AXIS) if layout[k] is None else _all_gather(v, AXIS, layout[k]))
+                for k, v in params.items()}
+
+    def enter_tp(self, x):
+        """Start of a tensor-parallel region (input of column-parallel matmuls)."""
+        return _identity_psum_grad(x, AXIS) if self.strategy == "tp" else x
+
+    def exit_tp(self, x):
+        """End of a tensor-parallel region (output of a row-parallel matmul): all-reduce."""
+        return _psum_identity_grad(x, AXIS) if self.strategy == "tp" else x
+
+    def to_experts(self, x, expert_axis: int = 0, slot_axis: int = 1):
+        """EP: ``[experts, slots, …]`` of local tokens → ``[experts/n, n·slots, …]`` of this device's
+        experts (all_to_all). Identity for other strategies."""
+        if self.strategy != "ep":
+            return x
+        return jax.lax.all_to_all(x, AXIS, expert_axis, slot_axis, tiled=True)
+
+    def from_experts(self, x, expert_axis: int = 0, slot_axis: int = 1):
+        """EP: the inverse of :meth:`to_experts` (all_to_all back to the tokens' devices)."""
+        if self.strategy != "ep":
+            return x
+        return jax.lax.all_to_all(x, AXIS, slot_axis, expert_axis, tiled=True)
+
+
+def psum_replicated(grads: Any, axes: Any):
+    """Sum over devices the gradients of the leaves whose layout is None (replicated parameters)."""
+    return jax.tree.map(lambda a, g: jax.lax.psum(g, AXIS) if a is None else g, axes, grads,
+                        is_leaf=lambda a: a is None)
+
+
+__all__ = ["AXIS", "BATCH_SHARDED", "EXPLICIT", "Axes", "Collectives", "base_strategy",
+           "fsdp_axis", "is_partitioned", "make_mesh", "psum_replicated",
+           "set_partitioner_flags", "spec"]

@@ -1,0 +1,231 @@
+"""Inference and training steps of a layered model, exported single-device or sharded.
+
+A family describes its model as a :class:`LayeredModel` — parameter shapes (a ``top`` group and one
+``layer`` group repeated ``layers`` times), the batch, and four functions (embed, block, head, loss) —
+and :func:`export_step` turns it into StableHLO for any strategy of :mod:`.parallel`: the forward pass
+(``step=infer``) or forward, backward and an SGD/Adam update (``step=train``), with the layers unrolled
+(a Python loop) or as one ``lax.scan`` over stacked layer parameters (``scan=True``: a while loop).
+
+This module imports jax; import it only inside a generator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..export import export_jax, export_partitioned
+from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
+                       make_mesh, psum_replicated, set_partitioner_flags, spec)
+
+LEARNING_RATE = 0.01
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+Shapes = dict[str, jax.ShapeDtypeStruct]
+
+
+@dataclass(frozen=True)
+class LayeredModel:
+    """A model in the form :func:`export_step` runs.
+
+    ``embed(top, inputs, col) -> (x, ctx)``; ``block(layer, x, ctx, col) -> x`` (once per layer, ``ctx``
+    is loop-invariant); ``head(top, x, ctx, col) -> output``; ``loss(output, targets) -> scalar`` (mean
+    over the local batch). ``top`` and ``layer`` are dicts of parameters; ``col`` is the
+    :class:`~.parallel.Collectives` the functions call at communication points. Inputs and targets
+    have the batch on axis 0. ``tp_*`` / ``ep_*`` name the axis each parameter is split along under
+    tensor / expert parallelism (missing or None: replicated).
+    """
+
+    top: Shapes
+    layer: Shapes
+    layers: int
+    inputs: tuple[jax.ShapeDtypeStruct, ...]
+    targets: jax.ShapeDtypeStruct
+    embed: Callable[..., Any]
+    block: Callable[..., Any]
+    head: Callable[..., Any]
+    loss: Callable[..., Any]
+    tp_top: Axes | None = None
+    tp_layer: Axes | None = None
+    ep_top: Axes | None = None
+    ep_layer: Axes | None = None
+
+
+def layouts(model: LayeredModel, strategy: str, n: int) -> dict[str, Axes]:
+    """The split axis of every parameter of each group (``top``, ``layer``) under ``strategy``."""
+    out: dict[str, Axes] = {}
+    for group, shapes in (("top", model.top), ("layer", model.layer)):
+        if strategy == "fsdp":
+            out[group] = {k: fsdp_axis(tuple(s.shape), n) for k, s in shapes.items()}
+        elif strategy in ("tp", "ep"):
+            named = getattr(model, f"{strategy}_{group}") or {}
+            out[group] = {k: named.get(k) for k in shapes}
+        else:
+            out[group] = {k: None for k in shapes}
+    return out
+
+
+def param_shapes(model: LayeredModel, scan: bool) -> dict[str, Any]:
+    """Global parameter shapes: ``{"top": {…}, "layers": [{…}, …]}``, or with ``scan`` the layer
+    parameters stacked along a new leading axis (``{"layers": {name: [layers, …]}}``)."""
+    if scan:
+        layers: Any = {k: jax.ShapeDtypeStruct((model.layers, *s.shape), s.dtype) for k, s in model.layer.items()}
+    else:
+        layers = [dict(model.layer) for _ in range(model.layers)]
+    return {"top": dict(model.top), "layers": layers}
+
+
+def param_axes(model: LayeredModel, layout: dict[str, Axes], scan: bool) -> dict[str, Any]:
+    """The split axes in the structure of :func:`param_shapes` (stacked layers: one axis further)."""
+    if scan:
+        layers: Any = {k: None if a is None else a + 1 for k, a in layout["layer"].items()}
+    else:
+        layers = [dict(layout["layer"]) for _ in range(model.layers)]
+    return {"top": dict(layout["top"]), "layers": layers}
+
+
+def _specs(axes: Any, shapes: Any) -> Any:
+    """PartitionSpecs for a tree of axes (dicts/lists whose leaves are int or None) and its shapes."""
+    if isinstance(axes, dict):
+        return {k: _specs(axes[k], shapes[k]) for k in axes}
+    if isinstance(axes, list):
+        return [_specs(a, s) for a, s in zip(axes, shapes)]
+    return spec(axes, len(shapes.shape))
+
+
+def forward_fn(model: LayeredModel, scan: bool) -> Callable[..., Any]:
+    """``forward(params, inputs, col)``: embed, every block, head. Under FSDP each group is gathered
+    right before it is used (the layer group inside the loop)."""
+
+    def forward(params, inputs, col: Collectives):
+        top = col.gather(params["top"], "top")
+        x, ctx = model.embed(top, inputs, col)
+        if scan:
+            def body(h, lp):
+                return model.block(col.gather(lp, "layer"), h, ctx, col), None
+            x, _ = jax.lax.scan(body, x, params["layers"], length=model.layers)
+        else:
+            for lp in params["layers"]:
+                x = model.block(col.gather(lp, "layer"), x, ctx, col)
+        return model.head(top, x, ctx, col)
+
+    return forward
+
+
+# -- optimisers -----------------------------------------------------------------------------------
+
+def opt_shapes(params: Any, optimizer: str) -> Any:
+    """Optimiser state for ``params``: ``()`` for SGD; ``(m, v, t)`` for Adam (moments shaped like
+    the parameters, step counter an int32 scalar)."""
+    if optimizer == "sgd":
+        return ()
+    return (params, params, jax.ShapeDtypeStruct((), jnp.int32))
+
+
+def opt_specs(param_specs: Any, optimizer: str) -> Any:
+    return () if optimizer == "sgd" else (param_specs, param_specs, P())
+
+
+def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any, Any]:
+    """One SGD or Adam (bias-corrected) update; returns ``(params, opt)``."""
+    if optimizer == "sgd":
+        return jax.tree.map(lambda w, g: w - LEARNING_RATE * g, params, grads), opt
+    m, v, t = opt
+    t = t + 1
+    m = jax.tree.map(lambda a, g: ADAM_B1 * a + (1 - ADAM_B1) * g, m, grads)
+    v = jax.tree.map(lambda a, g: ADAM_B2 * a + (1 - ADAM_B2) * g * g, v, grads)
+    tf = t.astype(jnp.float32)
+    scale = LEARNING_RATE * jnp.sqrt(1 - ADAM_B2 ** tf) / (1 - ADAM_B1 ** tf)
+    params = jax.tree.map(lambda w, a, b: w - (scale * a / (jnp.sqrt(b) + ADAM_EPS)).astype(w.dtype),
+                          params, m, v)
+    return params, (m, v, t)
+
+
+def declare_partitions(bytecode: bytes, n: int) -> bytes:
+    """``bytecode`` with ``mhlo.num_partitions = n`` and ``mhlo.num_replicas = 1`` on its module.
+
+    XLA's partitioned module runs on ``n`` partitions, but ``hlo_to_stablehlo`` drops the count; without
+    it a reader cannot place partition-id device groups (those of ``all_to_all``).
+    """
+    import io
+
+    from jax.extend.mlir import ir
+    from jax.interpreters import mlir as jmlir
+
+    with jmlir.make_ir_context():
+        module = ir.Module.parse(bytecode)
+        i32 = ir.IntegerType.get_signless(32)
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, n)
+        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+        return buf.getvalue()
+
+
+# -- the step and its export ----------------------------------------------------------------------
+
+def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int, parallel: str,
+                scan: bool, name: str) -> str | bytes:
+    """Export ``model``'s inference or training step. One device: plain StableHLO text. Several:
+    ``parallel`` is an explicit strategy (shard_map; text) or ``<strategy>-partitioned`` (XLA's SPMD
+    output; bytecode)."""
+    train = step == "train"
+    strategy = base_strategy(parallel) if devices > 1 else "none"
+    partitioned = devices > 1 and is_partitioned(parallel)
+    if partitioned:
+        set_partitioner_flags()     # before anything starts jax's backend
+    layout = layouts(model, strategy, devices)
+    shapes = param_shapes(model, scan)
+    axes = param_axes(model, layout, scan)
+    p_specs = _specs(axes, shapes)
+    batch_sharded = strategy in BATCH_SHARDED
+    batch_spec = P(AXIS) if batch_sharded else P()
+    in_batch = tuple(batch_spec for _ in model.inputs)
+    forward = forward_fn(model, scan)
+    opt = opt_shapes(shapes, optimizer) if train else ()
+
+    explicit = strategy != "none" and not partitioned
+    col = Collectives(strategy if explicit else "none", devices, layout)
+    loss_scale = 1.0 / devices if explicit and batch_sharded else 1.0
+
+    def infer_step(params, inputs):
+        return forward(params, inputs, col)
+
+    def train_step(params, opt_state, inputs, targets):
+        def loss_fn(prm):
+            return model.loss(forward(prm, inputs, col), targets) * loss_scale
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        if explicit and strategy in ("dp", "ep"):
+            grads = psum_replicated(grads, axes)
+        if explicit and batch_sharded:
+            loss = jax.lax.psum(loss, AXIS)
+        params, opt_state = apply_update(params, grads, opt_state, optimizer)
+        return params, opt_state, loss
+
+    fn = train_step if train else infer_step
+    args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
+    if strategy == "none":
+        return export_jax(fn, *args, name=name)
+    mesh = make_mesh(devices)
+    in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train
+                else (p_specs, in_batch))
+    out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
+    if partitioned:
+        def named(tree):
+            return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
+        data = export_partitioned(fn, *args, in_shardings=named(in_specs),
+                                  out_shardings=named(out_specs) if train else None, name=name)
+        return declare_partitions(data, devices)
+    # check_vma=False: every collective is written out (gradients of replicated parameters stay
+    # per-device until the explicit psum; the Collectives' custom gradients are the backward ones).
+    sharded = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    return export_jax(sharded, *args, name=name)
+
+
+__all__ = ["LayeredModel", "apply_update", "export_step", "forward_fn", "layouts", "opt_shapes",
+           "param_axes", "param_shapes"]

@@ -1,0 +1,134 @@
+"""Transformer building blocks for zoo families (functions of jax arrays; shapes may be per-device).
+
+Norms and softmax statistics are computed in f32 and cast back (mixed precision as in common bf16
+training); matmuls run in the parameters' dtype. Head counts are read from the (possibly
+tensor-parallel, i.e. per-device) weight shapes, so the same code serves every strategy.
+
+This module imports jax; import it only inside a generator.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .parallel import Collectives
+
+NORM_EPS = 1e-6
+ROPE_THETA = 10000.0
+
+
+def rms_norm(x, w):
+    """RMSNorm over the last axis with gain ``w``."""
+    xf = x.astype(jnp.float32)
+    scale = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + NORM_EPS)
+    return (xf * scale).astype(x.dtype) * w
+
+
+def layer_norm(x, g, b):
+    """LayerNorm over the last axis with gain ``g`` and bias ``b``."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    return ((xf - mean) * jax.lax.rsqrt(var + NORM_EPS)).astype(x.dtype) * g + b
+
+
+def rope_tables(seq: int, head_dim: int, dtype):
+    """Rotary embedding tables ``(cos, sin)``, each ``[seq, head_dim/2]``."""
+    inv = ROPE_THETA ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv[None, :]
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate ``x`` ``[batch, seq, heads, head_dim]`` by position (rotate-half form)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def attention(q, k, v, causal: bool):
+    """Scaled dot-product attention with grouped KV heads.
+
+    ``q`` ``[b, s, h, d]``, ``k``/``v`` ``[b, s, hk, d]`` with ``hk`` dividing ``h`` (each KV head
+    serves ``h/hk`` query heads); returns ``[b, s, h, d]``.
+    """
+    b, s, h, d = q.shape
+    hk = k.shape[2]
+    qg = q.reshape(b, s, hk, h // hk, d)
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k) * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
+    scores = scores.astype(jnp.float32)
+    if causal:
+        mask = jnp.tril(jnp.ones((s, s), dtype=bool))
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return out.reshape(b, s, h, d)
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    """SwiGLU MLP: ``(silu(x·w_gate) * (x·w_up)) · w_down``."""
+    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def gelu_mlp(x, w1, b1, w2, b2):
+    """Two-layer MLP with (tanh-approximated) GELU."""
+    return jax.nn.gelu(x @ w1 + b1, approximate=True) @ w2 + b2
+
+
+def cross_entropy(logits, labels):
+    """Mean softmax cross-entropy (in f32) of integer ``labels`` (shape = logits' minus the class axis)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)
+    return -jnp.mean(picked)
+
+
+# -- Llama-style decoder pieces (shared by llama and moe) ---------------------------------------
+
+def decoder_attention_shapes(d_model: int, heads: int, kv_heads: int, dtype) -> dict[str, jax.ShapeDtypeStruct]:
+    """Parameters of a pre-norm grouped-query attention sub-block (no biases)."""
+    hd = d_model // heads
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    return {"attn_norm": s(d_model), "wq": s(d_model, heads * hd), "wk": s(d_model, kv_heads * hd),
+            "wv": s(d_model, kv_heads * hd), "wo": s(heads * hd, d_model)}
+
+
+DECODER_ATTENTION_TP = {"wq": 1, "wk": 1, "wv": 1, "wo": 0}
+"""Megatron split of the attention weights: q/k/v column-parallel (heads), output row-parallel."""
+
+
+def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives):
+    """``x + attention(rms_norm(x))`` with RoPE and a causal mask; heads as the weights hold them."""
+    b, s, _ = x.shape
+    h = col.enter_tp(rms_norm(x, lp["attn_norm"]))
+    q = (h @ lp["wq"]).reshape(b, s, -1, head_dim)
+    k = (h @ lp["wk"]).reshape(b, s, -1, head_dim)
+    v = (h @ lp["wv"]).reshape(b, s, -1, head_dim)
+    cos, sin = rope
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    o = attention(q, k, v, causal=True).reshape(b, s, -1)
+    return x + col.exit_tp(o @ lp["wo"])
+
+
+def token_embed(top: dict, inputs, head_dim: int):
+    """Embed ``inputs[0]`` (int32 token ids ``[batch, seq]``); the context is the RoPE tables."""
+    (tokens,) = inputs
+    table = top["embed"]
+    x = jnp.take(table, tokens, axis=0)
+    return x, rope_tables(tokens.shape[1], head_dim, table.dtype)
+
+
+def lm_head(top: dict, x, tied: bool):
+    """Final RMSNorm and the vocabulary projection (the embedding table transposed when ``tied``)."""
+    x = rms_norm(x, top["final_norm"])
+    return x @ (top["embed"].T if tied else top["head"])
+
+
+def lm_loss(logits, targets):
+    """Next-token cross-entropy: ``targets`` are the token ids to predict at each position."""
+    return cross_entropy(logits, targets)

@@ -1,0 +1,348 @@
+"""Transformer zoo families (llama, vit, moe): specs, FLOPs against the analytical count, the
+collectives of every parallel strategy, scan loops, determinism, a 3B-parameter export, the CLI."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hespas_ml.ingest import IngestError, OpGraph, TensorType, load_program
+from hespas_ml.ingest.zoo import ZOO, parse_zoo_spec, zoo_program
+from hespas_ml.ingest.zoo import llama as llama_family
+from hespas_ml.ingest.zoo import moe as moe_family
+from hespas_ml.ingest.zoo import vit as vit_family
+from hespas_ml.ingest.zoo.cache import export_in_subprocess
+from hespas_ml.label.costs import graph_cost
+
+# small configurations: d_model 64, 4 heads (head size 16)
+LLAMA = "zoo:llama?layers=2&d_model=64&heads=4&kv_heads=2&ffn=128&vocab=256&seq=16&batch=8"
+VIT = "zoo:vit?image=16&patch=4&layers=2&d_model=64&heads=4&mlp=128&classes=10&batch=8"
+MOE = "zoo:moe?layers=2&d_model=64&heads=4&experts=4&top_k=2&ffn=128&vocab=256&seq=16&batch=8"
+ALL_DEVICES = [[0, 1, 2, 3]]
+
+
+def load(spec: str) -> OpGraph:
+    """Ingest a zoo program and check it is clean: no warnings, every op kind modelled."""
+    g = load_program(spec)
+    assert g.warnings == [], g.warnings
+    assert graph_cost(g)["unmodelled"] == {}
+    return g
+
+
+def kinds(g: OpGraph, kind: str):
+    return [op for op in g.ops if op.kind == kind]
+
+
+def executions(g: OpGraph, kind: str) -> int:
+    return sum(op.count for op in kinds(g, kind))
+
+
+def matrix_flops(g: OpGraph) -> float:
+    return graph_cost(g)["flops_by_unit"]["matrix"]
+
+
+def inputs_numel(g: OpGraph, n: int) -> int:
+    return sum(t.numel for t in g.inputs[:n])
+
+
+def dot_operands(g: OpGraph) -> set[TensorType]:
+    """Operand types of the matmuls (inside shard_map bodies these are the per-device shapes)."""
+    return {x for op in kinds(g, "dot_general") for x in op.operand_types}
+
+
+def t(*shape_and_dtype) -> TensorType:
+    *shape, dtype = shape_and_dtype
+    return TensorType(tuple(shape), dtype)
+
+
+# -- specs ------------------------------------------------------------------------------------------
+
+def test_families_are_registered_with_documented_parameters():
+    for name in ("llama", "vit", "moe"):
+        entry = ZOO[name]
+        assert {"layers", "d_model", "heads", "dtype", "step", "devices", "parallel", "scan"} <= \
+            {p.name for p in entry.params}
+        assert all(p.help for p in entry.params)
+    assert "ep" in ZOO["moe"].param("parallel").choices and "ep" not in ZOO["llama"].param("parallel").choices
+    for name in ("llama", "vit", "moe"):
+        assert {"dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned"} <= \
+            set(ZOO[name].param("parallel").choices)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("zoo:llama?heads=6&devices=4&parallel=tp&d_model=384", "heads=6 is not divisible by devices=4"),
+    ("zoo:llama?heads=8&kv_heads=2&devices=4&parallel=tp-partitioned", "kv_heads=2 is not divisible by devices=4"),
+    ("zoo:llama?batch=6&devices=4&parallel=fsdp", "batch=6 is not divisible by devices=4"),
+    ("zoo:llama?heads=8&kv_heads=3", "kv_heads=3 does not divide heads=8"),
+    ("zoo:llama?d_model=100&heads=8", "d_model=100 is not divisible by heads=8"),
+    ("zoo:llama?d_model=24&heads=8", "head size d_model/heads=3 is odd"),
+    ("zoo:llama?parallel=ep", "parallel=ep is not one of"),
+    ("zoo:vit?image=30&patch=4", "patch=4 does not divide image=30"),
+    ("zoo:vit?heads=6&devices=4&parallel=tp", "heads=6 is not divisible by devices=4"),
+    ("zoo:vit?mlp=102&heads=4&d_model=64&devices=4&parallel=tp", "mlp=102 is not divisible by devices=4"),
+    ("zoo:moe?experts=6&devices=4&parallel=ep", "experts=6 is not divisible by devices=4"),
+    ("zoo:moe?batch=2&devices=4&parallel=ep", "batch=2 is not divisible by devices=4"),
+    ("zoo:moe?top_k=3&experts=2", "top_k=3 is more than experts=2"),
+    ("zoo:moe?capacity=0", "capacity=0.0 is below the minimum 0.01"),
+    ("zoo:moe?group=48&seq=16&batch=8", "group=48 does not divide the 128 tokens (batch·seq)"),
+    ("zoo:moe?group=64&seq=16&batch=8&devices=4&parallel=ep", "group=64 does not divide the 32 tokens of a device"),
+])
+def test_impossible_combinations_are_rejected_in_one_line(spec, message):
+    with pytest.raises(IngestError) as info:
+        parse_zoo_spec(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# -- llama --------------------------------------------------------------------------------------------
+
+def llama_forward_flops(layers, d, heads, kv, ffn, vocab, seq, batch) -> int:
+    """Matmul FLOPs of a Llama forward pass: 2 per multiply-add of every projection and the LM head,
+    plus QKᵀ and PV over the full seq×seq score matrix."""
+    hd = d // heads
+    per_token = layers * (d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * ffn) + d * vocab
+    attention = layers * 2 * 2 * batch * seq * seq * heads * hd
+    return 2 * batch * seq * per_token + attention
+
+
+def test_llama_inference_step_flops_and_parameters():
+    g = load(f"{LLAMA}&step=infer")
+    expected = llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8)
+    assert matrix_flops(g) == pytest.approx(expected, rel=1e-9)
+    assert graph_cost(g)["flops"] == pytest.approx(expected, rel=0.05)   # norms, softmax, RoPE: a few %
+    params = parse_zoo_spec(LLAMA)[1]
+    assert llama_family.forward_flops(params) == expected
+    # inputs: every parameter, then the tokens
+    assert g.inputs[-1] == t(8, 16, "i32")
+    assert inputs_numel(g, len(g.inputs) - 1) == llama_family.parameter_count(params)
+    assert not any(op.is_collective for op in g.ops)
+    assert len(kinds(g, "gather")) == 1                   # the embedding lookup
+    assert executions(g, "dot_general") == 2 * 9 + 1      # q k v scores pv o gate up down, LM head
+
+
+def test_llama_training_step_is_three_forward_passes_in_bf16_with_adam():
+    g = load(f"{LLAMA}&dtype=bf16&optimizer=adam&tied=true")
+    expected = 3 * llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8)
+    assert matrix_flops(g) == pytest.approx(expected, rel=1e-9)
+    assert graph_cost(g)["flops"] == pytest.approx(expected, rel=0.05)
+    assert {op.dtype for op in kinds(g, "dot_general")} == {"bf16"}
+    n_leaves = 2 * 9 + 2                                   # tied: no separate head matrix
+    assert len(g.inputs) == 3 * n_leaves + 1 + 2           # params, m, v, step, tokens, targets
+    assert executions(g, "sqrt") >= n_leaves
+
+
+def test_llama_scan_is_a_loop_with_one_trip_per_layer():
+    unrolled = load(LLAMA)
+    g = load(f"{LLAMA.replace('layers=2', 'layers=3')}&scan=true")
+    assert len(g.loops) == 2                               # forward and backward scans
+    assert all(lp.derived and lp.trip_count == 3 for lp in g.loops)
+    assert any(op.loop is not None and op.kind == "dot_general" for op in g.ops)
+    assert matrix_flops(g) == pytest.approx(3 * llama_forward_flops(3, 64, 4, 2, 128, 256, 16, 8), rel=1e-9)
+    # the same model unrolled has as many dot executions per layer
+    per_layer_unrolled = (executions(unrolled, "dot_general") - 3) / 2
+    assert (executions(g, "dot_general") - 3) / 3 == per_layer_unrolled
+
+
+def test_llama_dp_sums_every_gradient():
+    g = load(f"{LLAMA}&devices=4&parallel=dp")
+    assert g.n_devices == 4
+    reduces = kinds(g, "all_reduce")
+    assert len(reduces) == 2 * 9 + 3 + 1                   # each parameter's gradient, plus the loss
+    assert all(op.attrs["replica_groups"] == ALL_DEVICES for op in reduces)
+    assert t(8, 16, "i32") in g.inputs                     # shard_map programs take global shapes …
+    assert kinds(g, "gather")[0].result_types[0] == t(2, 16, 64, "f32")   # … each device embeds 8/4 rows
+    assert matrix_flops(g) == pytest.approx(3 * llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 2), rel=1e-9)
+
+
+def test_llama_fsdp_gathers_parameters_and_reduce_scatters_gradients():
+    g = load(f"{LLAMA}&devices=4&parallel=fsdp")
+    n_leaves = 2 * 9 + 3
+    assert len(kinds(g, "all_gather")) == n_leaves == len(kinds(g, "reduce_scatter"))
+    assert len(kinds(g, "all_reduce")) == 1                # the loss
+    # each device holds parameters split along their largest axis and gathers them whole
+    pairs = {(str(op.operand_types[0]), str(op.result_types[0])) for op in kinds(g, "all_gather")}
+    assert {("64x64xf32", "256x64xf32"), ("64x64xf32", "64x256xf32"), ("64x32xf32", "64x128xf32"),
+            ("16xf32", "64xf32")} <= pairs                 # embedding, head, w_gate/w_up, norms
+    scattered = {(str(op.operand_types[0]), str(op.result_types[0])) for op in kinds(g, "reduce_scatter")}
+    assert {(b, a) for a, b in pairs} == scattered         # gradients: the gathers in reverse
+    # inference: the same gathers, no gradients
+    gi = load(f"{LLAMA}&devices=4&parallel=fsdp&step=infer")
+    assert len(kinds(gi, "all_gather")) == n_leaves and not kinds(gi, "reduce_scatter")
+
+
+def test_llama_tp_all_reduces_after_attention_and_mlp():
+    gi = load(f"{LLAMA}&devices=2&parallel=tp&step=infer")
+    assert len(kinds(gi, "all_reduce")) == 2 * 2             # attention-out and MLP-down of each layer
+    assert all(str(op.result_types[0]) == "8x16x64xf32" for op in kinds(gi, "all_reduce"))
+    g = load(f"{LLAMA}&devices=2&parallel=tp")
+    assert len(kinds(g, "all_reduce")) == 4 * 2              # and their mirror images in the backward pass
+    # heads split: wk [64, 32] -> [64, 16], wo [64, 64] -> [32, 64]; MLP [64, 128] -> [64, 64]
+    operands = dot_operands(g)
+    assert {t(64, 16, "f32"), t(32, 64, "f32"), t(64, 64, "f32")} <= operands
+    assert t(64, 128, "f32") not in operands and t(128, 64, "f32") not in operands
+    assert t(64, 256, "f32") in operands                     # the LM head is replicated
+    # per device: the sharded matmuls halve, embedding/LM head are replicated
+    full = llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8)
+    head = 2 * 8 * 16 * 64 * 256
+    assert matrix_flops(g) == pytest.approx(3 * ((full - head) / 2 + head), rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel", ["dp-partitioned", "fsdp-partitioned", "tp-partitioned"])
+def test_llama_compiler_partitioned(parallel):
+    g = load(f"{LLAMA.replace('kv_heads=2', 'kv_heads=4')}&devices=4&parallel={parallel}")
+    assert g.n_devices == 4 and g.num_partitions == 4
+    collectives = [op for op in g.ops if op.is_collective]
+    assert collectives, "XLA's partitioner inserted collectives"
+    for op in collectives:
+        assert op.attrs["replica_groups"] == ALL_DEVICES
+    inputs = set(g.inputs)
+    if parallel == "dp-partitioned":
+        assert t(2, 16, "i32") in inputs and t(64, 128, "f32") in inputs       # batch split, params whole
+    elif parallel == "fsdp-partitioned":
+        assert t(64, 64, "f32") in inputs and t(256, 64, "f32") not in inputs   # embedding split on vocab
+        assert kinds(g, "all_gather")
+    else:
+        assert t(64, 32, "f32") in inputs and t(64, 128, "f32") not in inputs   # w_gate split on ffn
+        assert t(8, 16, "i32") in inputs                                        # batch replicated
+        assert kinds(g, "all_reduce")
+    # XLA fused the program; the dots are still the global ones split over 4 devices (or replicated)
+    if parallel == "dp-partitioned":
+        assert matrix_flops(g) == pytest.approx(3 * llama_forward_flops(2, 64, 4, 4, 128, 256, 16, 2), rel=1e-6)
+
+
+def test_exports_are_deterministic():
+    """A fresh export gives the very bytes of the first (cached) one: text and partitioned bytecode."""
+    one_layer = LLAMA.replace("layers=2", "layers=1")
+    for spec in (f"{LLAMA}&devices=2&parallel=tp&step=infer",
+                 f"{one_layer}&devices=2&parallel=tp-partitioned&step=infer"):
+        family, params = parse_zoo_spec(spec)
+        first = zoo_program(spec)
+        assert export_in_subprocess(family, params, spec) == first
+
+
+def test_llama_3b_exports_and_ingests():
+    spec = ("zoo:llama?layers=28&d_model=3072&heads=24&kv_heads=8&ffn=8192&vocab=128256&tied=true"
+            "&seq=2048&batch=8&dtype=bf16&optimizer=adam")
+    params = parse_zoo_spec(spec)[1]
+    t0 = time.perf_counter()
+    g = load(spec)
+    seconds = time.perf_counter() - t0
+    n_leaves = 28 * 9 + 2
+    n_params = inputs_numel(g, n_leaves)
+    assert n_params == llama_family.parameter_count(params)
+    assert 3.0e9 < n_params < 3.5e9
+    assert matrix_flops(g) == pytest.approx(
+        3 * llama_forward_flops(28, 3072, 24, 8, 8192, 128256, 2048, 8), rel=1e-9)
+    print(f"\nllama 3.2B train step (bf16, Adam): {len(g.ops)} ops, load {seconds:.1f} s")
+
+
+# -- vit ----------------------------------------------------------------------------------------------
+
+def vit_forward_flops(image, patch, layers, d, mlp, classes, batch, cls=True) -> tuple[int, int]:
+    """(patch-embedding FLOPs, all matmul/conv FLOPs) of a ViT forward pass."""
+    n = (image // patch) ** 2
+    tokens = n + (1 if cls else 0)
+    embed = 2 * batch * n * patch * patch * 3 * d
+    per_layer = 2 * batch * tokens * (4 * d * d + 2 * d * mlp) + 2 * 2 * batch * tokens * tokens * d
+    return embed, embed + layers * per_layer + 2 * batch * d * classes
+
+
+@pytest.mark.parametrize("variant", ["embed=conv&pool=cls", "embed=dense&pool=mean"])
+def test_vit_inference_and_training_flops(variant):
+    embed, total = vit_forward_flops(16, 4, 2, 64, 128, 10, 8, cls="cls" in variant)
+    gi = load(f"{VIT}&{variant}&step=infer")
+    assert matrix_flops(gi) == pytest.approx(total, rel=1e-9)
+    assert graph_cost(gi)["flops"] == pytest.approx(total, rel=0.05)
+    assert len(kinds(gi, "convolution")) == (1 if "conv" in variant else 0)
+    params = parse_zoo_spec(f"{VIT}&{variant}")[1]
+    assert inputs_numel(gi, len(gi.inputs) - 1) == vit_family.parameter_count(params)
+    g = load(f"{VIT}&{variant}")
+    # backward: two matmuls per forward matmul, but the images need no gradient
+    assert matrix_flops(g) == pytest.approx(3 * total - embed, rel=1e-9)
+
+
+def test_vit_sharded_forms():
+    tp = load(f"{VIT}&devices=2&parallel=tp&dtype=bf16")
+    assert len(kinds(tp, "all_reduce")) == 4 * 2
+    assert {op.dtype for op in kinds(tp, "all_reduce")} == {"bf16"}
+    fsdp = load(f"{VIT}&devices=4&parallel=fsdp&scan=true")
+    assert all(lp.trip_count == 2 and lp.derived for lp in fsdp.loops) and len(fsdp.loops) == 2
+    gathers = kinds(fsdp, "all_gather")
+    assert any(op.loop is not None for op in gathers)      # layer parameters gathered inside the loop
+    assert executions(fsdp, "all_gather") == executions(fsdp, "reduce_scatter")
+    part = load(f"{VIT.replace('layers=2', 'layers=1')}&devices=2&parallel=tp-partitioned")
+    assert part.n_devices == 2 and kinds(part, "all_reduce")
+    assert t(64, 32, "f32") in part.inputs                     # q/k/v split by heads
+    assert t(64, 128, "f32") not in part.inputs and t(128, 64, "f32") not in part.inputs   # MLP split
+
+
+# -- moe ----------------------------------------------------------------------------------------------
+
+def moe_forward_flops(layers, d, heads, experts, top_k, capacity, ffn, vocab, seq, batch, group) -> tuple[int, int]:
+    """(dispatch einsum FLOPs, all matmul FLOPs) of an MoE decoder forward pass on ``batch`` sequences
+    whose tokens are routed in groups of ``group``."""
+    import math
+    tokens = batch * seq
+    slots = math.ceil(top_k * group * capacity / experts)    # per expert and group
+    attention = 2 * tokens * 4 * d * d + 2 * 2 * batch * seq * seq * d
+    router = 2 * tokens * d * experts
+    dispatch = 2 * tokens * experts * slots * d            # [G,t,e,c] x [G,t,d]; combine is as large
+    expert_mlp = 3 * 2 * experts * (tokens // group) * slots * d * ffn
+    per_layer = attention + router + 2 * dispatch + expert_mlp
+    return layers * dispatch, layers * per_layer + 2 * tokens * d * vocab
+
+
+def test_moe_inference_and_training_flops():
+    dispatch, total = moe_forward_flops(2, 64, 4, 4, 2, 1.25, 128, 256, 16, 8, group=16)
+    gi = load(f"{MOE}&step=infer")
+    assert matrix_flops(gi) == pytest.approx(total, rel=1e-9)
+    assert graph_cost(gi)["flops"] == pytest.approx(total, rel=0.05)
+    params = parse_zoo_spec(MOE)[1]
+    assert inputs_numel(gi, len(gi.inputs) - 1) == moe_family.parameter_count(params)
+    assert moe_family.forward_flops(params) == {"dispatch": dispatch, "total": total}
+    g = load(f"{MOE}&dtype=bf16")
+    assert matrix_flops(g) == pytest.approx(3 * total - dispatch, rel=1e-9)   # the routing mask has no gradient
+    # experts run batched: [experts, slots, d] x [experts, d, ffn]; 8 groups of 16 tokens (one sequence)
+    # with ceil(2·16·1.25/4) = 10 slots each
+    expert_dots = [op for op in kinds(g, "dot_general") if str(op.operand_types[1]) == "4x64x128xbf16"]
+    assert expert_dots and str(expert_dots[0].operand_types[0]) == "4x80x64xbf16"
+
+
+def test_moe_expert_parallel_dispatches_with_all_to_all():
+    gi = load(f"{MOE}&devices=4&parallel=ep&step=infer")
+    a2a = kinds(gi, "all_to_all")
+    assert len(a2a) == 2 * 2                                # to the experts and back, per layer
+    assert all(op.attrs["replica_groups"] == ALL_DEVICES for op in a2a)
+    # 2 sequences per device, 10 slots per expert and sequence: 4 devices send 20 slots to each expert
+    assert str(a2a[0].result_types[0]) == "1x80x64xf32"
+    g = load(f"{MOE}&devices=4&parallel=ep")
+    assert len(kinds(g, "all_to_all")) == 4 * 2
+    assert t(1, 64, 128, "f32") in dot_operands(g) and t(4, 64, 128, "f32") not in dot_operands(g)
+    # replicated parameters (attention, router, norms, embedding, head) are summed, expert ones are not
+    assert len(kinds(g, "all_reduce")) == 2 * 7 + 3 + 1
+    dispatch, total = moe_forward_flops(2, 64, 4, 4, 2, 1.25, 128, 256, 16, 2, group=16)
+    assert matrix_flops(g) == pytest.approx(3 * total - dispatch, rel=1e-9)
+
+
+def test_moe_other_strategies():
+    tp = load(f"{MOE}&devices=2&parallel=tp&step=infer")
+    assert len(kinds(tp, "all_reduce")) == 2 * 2 and not kinds(tp, "all_to_all")
+    assert t(4, 64, 64, "f32") in dot_operands(tp)           # every expert's hidden units split
+    assert t(4, 64, 128, "f32") not in dot_operands(tp)
+    fsdp = load(f"{MOE}&devices=2&parallel=fsdp&scan=true")
+    assert [lp.trip_count for lp in fsdp.loops] == [2, 2]
+    assert executions(fsdp, "all_gather") == executions(fsdp, "reduce_scatter") > 0
+    part = load(f"{MOE.replace('layers=2', 'layers=1')}&devices=4&parallel=ep-partitioned")
+    assert part.n_devices == 4 and any(op.is_collective for op in part.ops)
+    assert t(1, 64, 128, "f32") in part.inputs               # experts split by XLA's partitioner
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+def test_cli_simulates_a_llama_on_a_ring(capsys):
+    from hespas_ml.cli.main import main
+
+    rc = main(["simulate", "zoo:llama?layers=2&d_model=64&heads=4&ffn=128&vocab=256&seq=16&batch=8&parallel=tp",
+               "--system", "ring:4x150"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "(4 devices)" in out and "step time" in out
