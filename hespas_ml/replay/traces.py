@@ -11,6 +11,8 @@
   "every device" become communicator groups: ``comm_group.json`` ids and a ``pg_name`` per node; a device
   outside every group of a collective gets no node for it (its dependants wait on what it waited on).
 * collective_permute becomes COMM_SEND / COMM_RECV pairs matched by a tag unique to that permute.
+* Each device issues its collectives and sends in program order (ctrl_deps chain them), as devices do;
+  ASTRA-sim would otherwise hang when ranks find two collectives ready in different orders.
 * Loop bodies that hold a collective are unrolled (see :func:`schedule`): each trip gets its own nodes, so
   compute and communication interleave as on the device, and trip k+1 waits for trip k where the loop
   carries values. Loops without collectives stay rolled up: one COMP node for all trips.
@@ -231,11 +233,28 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
                 traces[rank].append(EtNode(nid, name, chakra.COMM_COLL_NODE, deps, [], 0, attrs))
                 finish(rank, inst, [nid])
     encoded = carried_us * 1e-6
+    _order_communication(traces)
     for rank in range(n):
         if not traces[rank]:   # ASTRA-sim aborts on a rank without nodes
             traces[rank].append(EtNode(next_id, "idle", chakra.COMP_NODE, [], [], 0, {"num_ops": 1, "tensor_size": 1}))
     groups = {gid: list(key) for key, gid in group_ids.items()}
     return TraceSet(traces, groups, exact_total, encoded, region_of_node)
+
+
+def _order_communication(traces: list[list[EtNode]]) -> None:
+    """Issue each device's collectives and sends in program order (a ctrl_dep on the previous one).
+
+    ASTRA-sim matches collectives across ranks by the order in which each rank issues them, and issues
+    whichever is ready first: when ranks' dependencies differ (send/recv, groups), two collectives can
+    become ready in different orders on different ranks and the run hangs. Devices run their collectives
+    in one fixed order (XLA schedules them on a stream), so chaining them costs nothing real."""
+    for nodes in traces:
+        prev: int | None = None
+        for node in nodes:
+            if node.type in (chakra.COMM_COLL_NODE, chakra.COMM_SEND_NODE):
+                if prev is not None and prev not in node.data_deps:
+                    node.ctrl_deps = [prev]
+                prev = node.id
 
 
 def _permute_nodes(traces, inst, c, next_id: int, tag: int, deps_of, finish) -> int:

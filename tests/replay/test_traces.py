@@ -160,3 +160,37 @@ def test_huge_unrolls_fall_back_to_rolled_loops(monkeypatch):
     ars = [n for n in ts.traces[0] if n.type == chakra.COMM_COLL_NODE]
     assert len(ars) == 3                                   # the collective still runs once per trip
     assert any("rolled up" in w for w in rg.graph.warnings)
+
+
+PERMUTE_THEN_TWO_ALLREDUCES = """
+module @order attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 4 : i32} {
+  func.func @main(%x: tensor<512x512xf32>, %y: tensor<64x64xf32>) -> (tensor<512x512xf32>, tensor<64x64xf32>) {
+    %p = "stablehlo.collective_permute"(%x) <{source_target_pairs = dense<[[0, 1]]> : tensor<1x2xi64>}> : (tensor<512x512xf32>) -> tensor<512x512xf32>
+    %a = "stablehlo.all_reduce"(%p) <{replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>}> ({
+    ^bb0(%p0: tensor<f32>, %p1: tensor<f32>):
+      %q = stablehlo.add %p0, %p1 : tensor<f32>
+      stablehlo.return %q : tensor<f32>
+    }) : (tensor<512x512xf32>) -> tensor<512x512xf32>
+    %b = "stablehlo.all_reduce"(%y) <{replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>}> ({
+    ^bb0(%p0: tensor<f32>, %p1: tensor<f32>):
+      %q = stablehlo.add %p0, %p1 : tensor<f32>
+      stablehlo.return %q : tensor<f32>
+    }) : (tensor<64x64xf32>) -> tensor<64x64xf32>
+    return %a, %b : tensor<512x512xf32>, tensor<64x64xf32>
+  }
+}
+"""
+
+
+def test_collectives_keep_program_order_so_ranks_never_disagree():
+    """Rank 1 waits for a receive before its first all-reduce while its second is ready at once; the other
+    ranks are ready for the first. Issued by readiness, ranks would pair different collectives and hang."""
+    from hespas_ml.replay import replay
+
+    rg = split_program(parse_module(PERMUTE_THEN_TWO_ALLREDUCES, "order"))
+    ts = build_traces(rg, [1e-6] * len(rg.regions))
+    for trace in ts.traces:
+        colls = [n for n in trace if n.type == chakra.COMM_COLL_NODE]
+        assert colls[0].id in colls[1].ctrl_deps
+    res = replay(ts.traces, "ring:4x50", backend="embedded")
+    assert len(res.ranks) == 4 and res.step_time_s > 0
