@@ -127,23 +127,39 @@ def export_partitioned(fn: Callable, *example_args: Any, in_shardings: Any, out_
     if out_shardings is not None:
         options["out_shardings"] = out_shardings
     try:
-        compiled = jax.jit(fn, **options).lower(*example_args).compile()
+        lowered = jax.jit(fn, **options).lower(*example_args)
+        compiled = lowered.compile(compiler_options=PARTITIONER_OPTIONS)
         hlo_modules = compiled.runtime_executable().hlo_modules()
         proto = hlo_modules[0].as_serialized_hlo_module_proto()
         bytecode = jax.extend.mlir.hlo_to_stablehlo(proto)
+        shardings = jax.tree.leaves(compiled.input_shardings)
+        n_devices = max((len(sh.device_set) for sh in shardings), default=1)
     except Exception as exc:
         raise ExportError(f"cannot export {_label(fn, name)} partitioned: {type(exc).__name__}: "
                           f"{(str(exc).splitlines() or [''])[0][:300]}") from exc
-    return _renamed_bytecode(bytecode, name) if name else bytes(bytecode)
+    return _annotated_bytecode(bytecode, name, n_devices)
 
 
-def _renamed_bytecode(bytecode: bytes, name: str) -> bytes:
+# Options for the partitioner's compile. Replica groups as device lists, not mesh axes: with mesh-axes
+# groups (XLA's default) hlo_to_stablehlo turns a partitioner-chosen all_to_all into an mhlo.all_to_all
+# that no MLIR parser accepts (jaxlib 0.10.2). No LLVM optimisation of machine code nobody runs: the same
+# HLO, exported 1.5-2x faster.
+PARTITIONER_OPTIONS = {"xla_enable_rgv3_materialization": False, "xla_backend_optimization_level": 0}
+
+
+def _annotated_bytecode(bytecode: bytes, name: str | None, n_devices: int) -> bytes:
+    """The partitioned module renamed to ``name`` and declaring its device count: hlo_to_stablehlo drops
+    ``mhlo.num_partitions``, without which a reader cannot place partition-id device groups."""
     from jax.extend.mlir import ir
     from jax.interpreters import mlir as jmlir
 
     with jmlir.make_ir_context():
         module = ir.Module.parse(bytecode)
-        module.operation.attributes["sym_name"] = ir.StringAttr.get(_symbol_name(name))
+        if name:
+            module.operation.attributes["sym_name"] = ir.StringAttr.get(_symbol_name(name))
+        i32 = ir.IntegerType.get_signless(32)
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, n_devices)
+        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         return buf.getvalue()

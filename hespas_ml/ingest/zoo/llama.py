@@ -129,5 +129,6 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
+    version=2,  # partitioned exports declare their device count
 )
 

@@ -125,4 +125,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
+    version=2,  # partitioned exports declare their device count
 )

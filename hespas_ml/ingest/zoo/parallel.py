@@ -20,7 +20,6 @@ This module imports jax; import it only inside a generator.
 """
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Any
 
@@ -52,28 +51,6 @@ def make_mesh(n: int) -> Mesh:
     """A one-axis mesh over the first ``n`` devices with an Auto axis (what shard_map and
     ``in_shardings`` both accept; ``jax.make_mesh`` would default to Explicit axes)."""
     return Mesh(np.array(jax.devices()[:n]), (AXIS,))
-
-
-PARTITIONER_FLAGS = {
-    # Replica groups as device lists, not mesh axes: with mesh-axes groups ("RGV3", the default)
-    # hlo_to_stablehlo turns a partitioner-chosen all-to-all into an mhlo.all_to_all whose
-    # replica_groups no MLIR parser accepts (jaxlib 0.10.2).
-    "xla_enable_rgv3_materialization": "false",
-    # No LLVM optimisation of the machine code nobody runs: same HLO, export 1.5-2x faster.
-    "xla_backend_optimization_level": "0",
-}
-
-
-def set_partitioner_flags() -> None:
-    """Add :data:`PARTITIONER_FLAGS` to ``XLA_FLAGS`` (those not set there already).
-
-    XLA reads ``XLA_FLAGS`` when the CPU backend starts, so this only acts before the first
-    ``jax.devices()`` of the process (as in a zoo export worker).
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    extra = [f"--{k}={v}" for k, v in PARTITIONER_FLAGS.items() if k not in flags]
-    if extra:
-        os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
 
 
 def fsdp_axis(shape: tuple[int, ...], n: int) -> int | None:
@@ -195,4 +172,4 @@ def psum_replicated(grads: Any, axes: Any):
 
 __all__ = ["AXIS", "BATCH_SHARDED", "EXPLICIT", "Axes", "Collectives", "base_strategy",
            "fsdp_axis", "is_partitioned", "make_mesh", "psum_replicated",
-           "set_partitioner_flags", "spec"]
+           "spec"]

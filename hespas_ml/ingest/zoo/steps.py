@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
-                       make_mesh, psum_replicated, set_partitioner_flags, spec)
+                       make_mesh, psum_replicated, spec)
 
 LEARNING_RATE = 0.01
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
@@ -145,27 +145,6 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
     return params, (m, v, t)
 
 
-def declare_partitions(bytecode: bytes, n: int) -> bytes:
-    """``bytecode`` with ``mhlo.num_partitions = n`` and ``mhlo.num_replicas = 1`` on its module.
-
-    XLA's partitioned module runs on ``n`` partitions, but ``hlo_to_stablehlo`` drops the count; without
-    it a reader cannot place partition-id device groups (those of ``all_to_all``).
-    """
-    import io
-
-    from jax.extend.mlir import ir
-    from jax.interpreters import mlir as jmlir
-
-    with jmlir.make_ir_context():
-        module = ir.Module.parse(bytecode)
-        i32 = ir.IntegerType.get_signless(32)
-        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, n)
-        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
-        buf = io.BytesIO()
-        module.operation.write_bytecode(buf)
-        return buf.getvalue()
-
-
 # -- the step and its export ----------------------------------------------------------------------
 
 def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int, parallel: str,
@@ -176,8 +155,6 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     train = step == "train"
     strategy = base_strategy(parallel) if devices > 1 else "none"
     partitioned = devices > 1 and is_partitioned(parallel)
-    if partitioned:
-        set_partitioner_flags()     # before anything starts jax's backend
     layout = layouts(model, strategy, devices)
     shapes = param_shapes(model, scan)
     axes = param_axes(model, layout, scan)
@@ -218,9 +195,8 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     if partitioned:
         def named(tree):
             return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))
-        data = export_partitioned(fn, *args, in_shardings=named(in_specs),
+        return export_partitioned(fn, *args, in_shardings=named(in_specs),
                                   out_shardings=named(out_specs) if train else None, name=name)
-        return declare_partitions(data, devices)
     # check_vma=False: every collective is written out (gradients of replicated parameters stay
     # per-device until the explicit psum; the Collectives' custom gradients are the backward ones).
     sharded = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)

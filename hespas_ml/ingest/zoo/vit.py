@@ -162,4 +162,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
+    version=2,  # partitioned exports declare their device count
 )
