@@ -33,7 +33,7 @@ class Fidelity(Protocol):
 
 
 def get_fidelity(name: str) -> Fidelity:
-    """A fidelity by name: ``roofline`` or ``scalesim``."""
+    """A fidelity by name: ``roofline``, ``scalesim`` or ``profiling``."""
     key = name.strip().lower()
     if key == "roofline":
         from .roofline import RooflineFidelity
@@ -41,4 +41,7 @@ def get_fidelity(name: str) -> Fidelity:
     if key == "scalesim":
         from .scalesim import ScaleSimFidelity
         return ScaleSimFidelity()
-    raise FidelityError(f"unknown fidelity '{name}' (available: roofline, scalesim)")
+    if key == "profiling":
+        from .profiling import ProfilingFidelity
+        return ProfilingFidelity()
+    raise FidelityError(f"unknown fidelity '{name}' (available: roofline, scalesim, profiling)")

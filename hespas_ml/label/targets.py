@@ -407,7 +407,7 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "hespas-ml"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -417,7 +417,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
-def _schedulable_cores() -> int:
+def schedulable_cores() -> int:
     """Cores this process may run on (what XLA's CPU thread pool sizes itself by)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -425,7 +425,7 @@ def _schedulable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _package_version(package: str) -> str:
+def package_version(package: str) -> str:
     """An installed package's version without importing it (importing jax is slow)."""
     from importlib import metadata
     try:
@@ -542,7 +542,7 @@ def _run_host_benchmarks() -> dict[str, Any]:
         step()
         out["mem_bw"] = bytes_moved / _best_seconds(step, 5)
     out["mem_bw_array_bytes"] = 4 * n_bw
-    out["jaxlib_version"] = _package_version("jaxlib")
+    out["jaxlib_version"] = package_version("jaxlib")
     out["benchmark_seconds"] = round(time.perf_counter() - started, 3)
     return out
 
@@ -554,7 +554,7 @@ def _host_cache_path(key: str) -> Path:
 
 
 def _host_key() -> tuple[str, int, str, str]:
-    model, cores, version = _cpu_model(), _schedulable_cores(), _package_version("jax")
+    model, cores, version = cpu_model(), schedulable_cores(), package_version("jax")
     return model, cores, version, f"{model} | {cores} cores | jax {version}"
 
 

@@ -1,0 +1,457 @@
+"""The profiling fidelity: each compute region compiled by XLA and timed on this machine's own hardware.
+
+A region's ops are cut out of its program as a standalone module (:mod:`hespas_ml.ingest.extract`),
+compiled through the PJRT client of jax's backend (CPU here; the GPU where one exists) and executed on
+random inputs of the right shapes and element types. The label is the median time of one execution;
+``meta`` keeps the spread and how it was measured:
+
+* ``median_s``, ``iqr_s``, ``rel_iqr`` (IQR / median: the noise figure), ``q1_s``, ``q3_s``, ``min_s``,
+  ``mean_s``; ``repeats`` (samples), ``calls_per_sample``, ``stop`` (why sampling stopped: ``stable``,
+  ``iqr_stable``, ``measure_s``, ``max_repeats``), ``warmup_s``, ``measure_s`` (seconds spent sampling),
+  ``load_avg`` (the machine's 1-minute load average when it ended);
+* ``compile_s``; XLA's cost analysis ``xla_flops`` / ``xla_bytes``;
+* ``backend``, ``device``, ``jax_version``; ``overhead_s``: one execution of a trivial module (the
+  dispatch cost included in every label; about 40 µs on this project's 2-core CPU box);
+* ``lock_wait_s``, ``cached`` (served from the disk cache), ``module_sha256``.
+
+A failed label (``status="failed"``, ``seconds`` NaN) has ``reason`` and ``kind``: ``collective``,
+``extract``, ``compile`` (e.g. ``custom_call @TopK`` on bf16 on XLA:CPU), ``inputs``, ``run``, ``timeout``
+(the region overran ``budget_s``: its worker was killed and a new one started), ``crash``, ``lock``,
+``worker``.
+
+**Isolation.** All compiling and timing happens in one worker process
+(:mod:`hespas_ml.label.profiling_worker`) that is reused from region to region: x64 and XLA flags never
+reach the caller, and a crash or hang of XLA costs one failed label. Regions are timed one at a time,
+and every timing holds a file lock (``timing.lock`` under the cache folder) so that two processes on the
+machine never time at once.
+
+**Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
+GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
+:class:`FidelityError`.
+
+**Cache.** Results (and compile failures) are stored under ``$HESPAS_ML_CACHE/profiling`` (default
+``~/.cache/hespas-ml/profiling``), one JSON file per key: the extracted module's SHA-256, backend,
+device and jax version. Identical regions (e.g. repeated layers) are timed once.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import math
+import os
+import re
+import selectors
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .fidelity import FidelityError, Label
+from .targets import HOST_CPU, Target, cpu_model, package_version, schedulable_cores, cache_dir
+
+CACHE_VERSION = 1
+MODULE_NAME = "region"            # every extracted module gets this name, so identical regions share a key
+START_TIMEOUT_S = 180.0           # importing jax and starting the backend in the worker
+GPU_BACKENDS = ("gpu", "cuda", "rocm")
+CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
+
+
+@dataclass
+class _Item:
+    """One region on its way to a label."""
+
+    region: Any
+    text: str | None = None
+    digest: str | None = None
+    label: Label | None = None
+
+
+class ProfilingFidelity:
+    """Region times measured by compiling and running each region with XLA (see the module docstring).
+
+    ``measure_s``: seconds of warm-up and sampling per region after which no more samples are taken
+    (one at least). ``budget_s``: the most one region may take, compile and timing included; past it
+    (XLA stuck, or executions far longer than ``measure_s``) its worker is killed and the label fails.
+    ``min_repeats`` / ``max_repeats``: samples taken at least (``measure_s`` permitting) / at most.
+    ``target_noise``: sampling stops early once IQR / median is below it and the median has settled.
+    ``sample_s``: the shortest sample (short regions are executed several times per sample).
+    ``cache``: True for the default folder, a path, or False. ``lock_timeout_s``: how long to wait for
+    another process's timing. ``stats`` counts regions ``timed``, ``cached`` and ``failed``, and
+    ``worker_starts``.
+    """
+
+    name = "profiling"
+
+    def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
+                 max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.002,
+                 cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0):
+        for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
+                           ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise FidelityError(f"profiling: {key} must be a positive number, got {value!r}")
+        if not (isinstance(min_repeats, int) and isinstance(max_repeats, int) and 1 <= min_repeats <= max_repeats):
+            raise FidelityError(f"profiling: need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}")
+        self.budget_s = float(budget_s)
+        self.measure_s = float(measure_s)
+        self.min_repeats, self.max_repeats = min_repeats, max_repeats
+        self.target_noise = float(target_noise)
+        self.sample_s = float(sample_s)
+        self.cache = cache
+        self.lock_timeout_s = float(lock_timeout_s)
+        self.seed = seed
+        self.stats = {"timed": 0, "cached": 0, "failed": 0, "worker_starts": 0}
+        self._workers: dict[str, _Worker] = {}      # "cpu" | "default" -> worker
+        self._lock = threading.Lock()
+
+    # -- public interface ---------------------------------------------------------------------------
+
+    def label(self, region, target: Target) -> Label:
+        return self.label_regions([region], target)[0]
+
+    def label_regions(self, regions: Sequence, target: Target) -> list[Label]:
+        with self._lock:
+            worker = self._worker_for(target)
+            items = [_Item(r) for r in regions]
+            self._extract(items)
+            identity = self._identity(worker)
+            pending: dict[str, list[_Item]] = {}
+            for item in items:
+                if item.label is None:
+                    cached = self._cache_get(item.digest, identity)
+                    if cached is not None:
+                        item.label = self._to_label(cached, identity, item.digest, cached=True)
+                        self.stats["cached"] += 1
+                    else:
+                        pending.setdefault(item.digest, []).append(item)
+            for digest, group in pending.items():
+                result = worker.profile(self._request(group[0].text), self.budget_s, self.lock_timeout_s)
+                if "error" not in result or result.get("kind") in CACHED_FAILURES:
+                    self._cache_put(digest, identity, result)
+                label = self._to_label(result, identity, digest, cached=False)
+                if label.status == "ok":
+                    self.stats["timed"] += 1
+                for item in group:
+                    item.label = Label(label.seconds, label.status, dict(label.meta))
+            self.stats["failed"] += sum(1 for it in items if it.label.status != "ok")
+            self.stats["worker_starts"] = sum(w.starts for w in self._workers.values())
+            return [it.label for it in items]
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        for worker in self._workers.values():
+            worker.stop()
+
+    def __enter__(self) -> ProfilingFidelity:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- targets ------------------------------------------------------------------------------------
+
+    def _worker_for(self, target: Target) -> _Worker:
+        """The worker that runs on ``target``'s hardware; FidelityError if this machine is not it."""
+        name = getattr(target, "name", str(target))
+        if name == HOST_CPU:
+            return self._workers.setdefault("cpu", _Worker(self.lock_path(), platforms="cpu"))
+        worker = self._workers.setdefault("default", _Worker(self.lock_path(), platforms=None))
+        try:
+            info = worker.info()
+        except FidelityError as exc:
+            raise FidelityError(f"profiling cannot check target {name}: {exc}") from None
+        kind = info.get("device_kind", "?")
+        if info.get("backend") in GPU_BACKENDS and _same_gpu(name, kind):
+            return worker
+        here = f"{HOST_CPU}" if info.get("backend") == "cpu" else f"a {kind} ({info.get('backend')})"
+        worker.stop()
+        raise FidelityError(f"profiling measures only the hardware it runs on: this machine is {here}, "
+                            f"not target {name} (use --target {HOST_CPU}, or another fidelity)")
+
+    # -- regions -> modules -------------------------------------------------------------------------
+
+    def _extract(self, items: list[_Item]) -> None:
+        """Give each item its extracted module text and digest, or a failed label."""
+        from ..ingest.errors import HespasError
+        from ..ingest.extract import extract_regions, program_data
+        from ..ingest.zoo import is_zoo_spec
+
+        by_graph: dict[int, list[_Item]] = {}
+        for item in items:
+            region = item.region
+            if getattr(region, "kind", "compute") != "compute":
+                item.label = _failed("collective", "collectives are not profiled (the network replay times them)")
+            elif getattr(region, "graph", None) is None:
+                item.label = _failed("extract", "the region does not know its program (region.graph is None)")
+            else:
+                by_graph.setdefault(id(region.graph), []).append(item)
+        for group in by_graph.values():
+            graph = group[0].region.graph
+            try:
+                data = program_data(graph)
+                trusted = is_zoo_spec(graph.source)
+                try:
+                    texts = extract_regions(data, [it.region.op_ids for it in group], source=graph.source,
+                                            names=[MODULE_NAME] * len(group), trusted=trusted)
+                except HespasError:          # pin the failure on its region
+                    texts = [self._extract_one(data, it, graph.source, trusted) for it in group]
+            except HespasError as exc:
+                for it in group:
+                    it.label = _failed("extract", str(exc))
+                continue
+            for it, text in zip(group, texts):
+                if text is not None:
+                    it.text = text
+                    it.digest = hashlib.sha256(text.encode()).hexdigest()
+
+    @staticmethod
+    def _extract_one(data, item: _Item, source: str, trusted: bool) -> str | None:
+        from ..ingest.errors import HespasError
+        from ..ingest.extract import extract_region
+
+        try:
+            return extract_region(data, item.region.op_ids, source=source, name=MODULE_NAME, trusted=trusted)
+        except HespasError as exc:
+            item.label = _failed("extract", str(exc))
+            return None
+
+    # -- requests, results, cache -------------------------------------------------------------------
+
+    def lock_path(self) -> str:
+        """The machine-wide timing lock file (under the cache folder)."""
+        return str(cache_dir() / "profiling" / "timing.lock")
+
+    def _request(self, text: str) -> dict[str, Any]:
+        return {"text": text, "lock": self.lock_path(), "lock_timeout_s": self.lock_timeout_s,
+                "measure_s": self.measure_s, "min_repeats": self.min_repeats, "max_repeats": self.max_repeats,
+                "target_noise": self.target_noise, "sample_s": self.sample_s, "seed": self.seed}
+
+    def _identity(self, worker: _Worker) -> dict[str, str]:
+        """Backend, device and jax version the labels are measured on (the cache key's second half)."""
+        if worker.platforms == "cpu":          # known without starting jax
+            return {"backend": "cpu", "device": f"cpu: {cpu_model()} ({schedulable_cores()} cores)",
+                    "jax_version": package_version("jax")}
+        info = worker.info()
+        return {"backend": info["backend"], "device": info["device_kind"], "jax_version": info["jax_version"]}
+
+    def _to_label(self, result: dict[str, Any], identity: dict[str, str], digest: str, cached: bool) -> Label:
+        meta = {k: v for k, v in result.items() if k not in ("event", "id", "error")}
+        meta.update(identity)
+        meta["module_sha256"] = digest
+        meta["cached"] = cached
+        if "error" in result:
+            meta["reason"] = result["error"]
+            meta.setdefault("kind", "worker")
+            return Label(math.nan, "failed", meta)
+        median = float(result["median_s"])
+        meta["rel_iqr"] = float(result["iqr_s"]) / median if median > 0 else math.inf
+        return Label(median, "ok", meta)
+
+    def _cache_dir(self) -> Path | None:
+        if self.cache is False or self.cache is None:
+            return None
+        return cache_dir() / "profiling" if self.cache is True else Path(self.cache)
+
+    @staticmethod
+    def _cache_key(digest: str, identity: dict[str, str]) -> dict[str, Any]:
+        return {"v": CACHE_VERSION, "module_sha256": digest, **identity}
+
+    def _cache_file(self, key: dict[str, Any]) -> Path | None:
+        folder = self._cache_dir()
+        if folder is None:
+            return None
+        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        return folder / f"{name}.json"
+
+    def _cache_get(self, digest: str, identity: dict[str, str]) -> dict[str, Any] | None:
+        key = self._cache_key(digest, identity)
+        path = self._cache_file(key)
+        if path is None:
+            return None
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("result"), dict):
+            return None
+        return stored["result"]
+
+    def _cache_put(self, digest: str, identity: dict[str, str], result: dict[str, Any]) -> None:
+        key = self._cache_key(digest, identity)
+        path = self._cache_file(key)
+        if path is None:
+            return
+        result = {k: v for k, v in result.items() if k not in ("event", "id")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"key": key, "result": result}, handle)
+            os.replace(tmp, path)
+        except OSError:
+            pass                      # a read-only cache folder only costs re-timing
+
+
+_LIVE_WORKERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for worker in list(_LIVE_WORKERS):
+        worker.stop()
+
+
+def _failed(kind: str, reason: str) -> Label:
+    return Label(math.nan, "failed", {"reason": reason, "kind": kind})
+
+
+def _same_gpu(target_name: str, device_kind: str) -> bool:
+    """Whether a GPU preset names the device jax reports (``H100`` ~ ``NVIDIA H100 80GB HBM3``)."""
+    model = re.match(r"[A-Za-z]*\d+[A-Za-z]?", target_name)
+    if not model:
+        return False
+    token = model.group(0).lower()
+    words = re.findall(r"[a-z0-9]+", device_kind.lower())
+    return any(w == token or w.startswith(token) for w in words)
+
+
+class _Worker:
+    """The profiling worker process: started on first use, restarted after a kill or a crash."""
+
+    def __init__(self, lock_path: str, platforms: str | None):
+        self.lock_path = lock_path
+        self.platforms = platforms
+        self.proc: subprocess.Popen | None = None
+        self.stderr = None
+        self.ready: dict[str, Any] | None = None
+        self.starts = 0
+        self.next_id = 0
+        self._buffer = b""
+        self._eof = False
+
+    def info(self) -> dict[str, Any]:
+        """The worker's ``ready`` message (backend, device kind, jax version, dispatch overhead)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return dict(self.ready or {})
+
+    def profile(self, request: dict[str, Any], budget_s: float, lock_timeout_s: float) -> dict[str, Any]:
+        """Send one module; its result, or a failure dict (``error``, ``kind``) when it was killed
+        ``budget_s`` after it got the timing lock, or when the worker crashed."""
+        try:
+            ready = self.info()
+        except FidelityError as exc:
+            return {"error": str(exc), "kind": "worker"}
+        self.next_id += 1
+        rid = self.next_id
+        try:
+            self.proc.stdin.write((json.dumps({"id": rid, **request}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            return self._died("the worker died before taking the region")
+        deadline = time.monotonic() + lock_timeout_s + 30.0     # the worker gives up on the lock first
+        while True:
+            message = self._message(deadline)
+            if message is None:
+                if self.proc.poll() is not None or self._eof:
+                    return self._died("the worker died while profiling the region")
+                self.stop()
+                return {"error": f"the region took more than its budget of {budget_s:g} s (compile + timing): "
+                                 "its worker was killed", "kind": "timeout"}
+            if message.get("id") != rid:
+                continue
+            if message.get("event") == "locked":
+                deadline = time.monotonic() + budget_s
+            elif message.get("event") == "result":
+                message["overhead_s"] = ready.get("overhead_s")
+                return message
+
+    def _message(self, deadline: float) -> dict[str, Any] | None:
+        """The worker's next ``@@`` message; None at the deadline or when its output ends."""
+        while True:
+            newline = self._buffer.find(b"\n")
+            while newline >= 0:
+                line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
+                if line.startswith(b"@@ "):
+                    try:
+                        return json.loads(line[3:])
+                    except ValueError:
+                        pass
+                newline = self._buffer.find(b"\n")
+            left = deadline - time.monotonic()
+            if left <= 0 or self._eof:
+                return None
+            fd = self.proc.stdout.fileno()
+            with selectors.DefaultSelector() as sel:
+                sel.register(fd, selectors.EVENT_READ)
+                if not sel.select(timeout=left):
+                    continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self._eof = True
+            self._buffer += chunk
+
+    def _died(self, what: str) -> dict[str, Any]:
+        tail = self._stderr_tail()
+        code = self.proc.poll() if self.proc is not None else None
+        self.stop()
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+        return {"error": f"{what} ({how}){': ' + tail if tail else ''}", "kind": "crash"}
+
+    def _start(self) -> None:
+        self.stop()
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env.pop("XLA_FLAGS", None)                 # no fake device counts: one real device
+        if self.platforms:
+            env["JAX_PLATFORMS"] = self.platforms
+        else:
+            env.pop("JAX_PLATFORMS", None)
+        self.stderr = tempfile.TemporaryFile()
+        self.starts += 1
+        self._buffer, self._eof = b"", False
+        self.proc = subprocess.Popen([sys.executable, "-m", "hespas_ml.label.profiling_worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        _LIVE_WORKERS.add(self)
+        message = self._message(time.monotonic() + START_TIMEOUT_S)
+        while message is not None and message.get("event") != "ready":
+            message = self._message(time.monotonic() + START_TIMEOUT_S)
+        if message is not None:
+            self.ready = message
+            return
+        tail = self._stderr_tail()
+        self.stop()
+        raise FidelityError(f"the profiling worker did not start{': ' + tail if tail else ''}")
+
+    def _stderr_tail(self) -> str:
+        if self.stderr is None:
+            return ""
+        try:
+            self.stderr.seek(0)
+            lines = [ln.strip() for ln in self.stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        interesting = [ln for ln in lines if "Error" in ln or "error" in ln or "Check failed" in ln]
+        return ((interesting or lines or [""])[-1])[:300]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        if self.stderr is not None:
+            self.stderr.close()
+            self.stderr = None
+        self.ready = None

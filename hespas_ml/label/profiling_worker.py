@@ -1,0 +1,340 @@
+"""The profiling worker: a process that compiles StableHLO modules with XLA and times them, one at a time.
+
+It runs apart from the caller so that jax's x64 mode and XLA's flags never leak into it, and so that
+XLA crashing or hanging on a module cannot take the caller down (the caller kills it instead).
+
+Protocol (one JSON object per line; the worker's lines start with ``@@ `` so stray output of XLA is
+ignored):
+
+* worker → ``{"event": "ready", "backend", "device_kind", "platform_version", "jax_version",
+  "overhead_s"}`` once jax is up (``overhead_s``: one execution of a trivial module, the dispatch cost
+  every timed execution carries);
+* caller → ``{"id", "text", "lock", "lock_timeout_s", "measure_s", "min_repeats", "max_repeats",
+  "target_noise", "sample_s", "seed"}``;
+* worker → ``{"id", "event": "locked", "lock_wait_s"}`` when it holds the timing lock (a file lock, so
+  no two processes on the machine time at once), then ``{"id", "event": "result", ...}`` with
+  :func:`profile`'s fields, or ``{"id", "event": "result", "error", "kind"}`` (``kind``: ``lock``,
+  ``compile``, ``inputs``, ``run``).
+
+Timing (:func:`measure`): one warm-up execution (two more when they are cheap), then *samples*, each
+the mean of ``calls`` back-to-back executions (enough for a sample to last ``sample_s``, so short modules
+are not drowned in timer and dispatch jitter), until the spread is small and settled, or the spread
+itself has settled, or ``measure_s`` is spent, or ``max_repeats`` samples are taken.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+TRIVIAL_MODULE = """func.func @main(%a: tensor<f32>) -> tensor<f32> {
+  %0 = stablehlo.add %a, %a : tensor<f32>
+  return %0 : tensor<f32>
+}"""
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write("@@ " + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def numpy_dtype(element: str):
+    """The numpy dtype of an MLIR element type spelling (``f32``, ``bf16``, ``i1``, ``ui8`` …)."""
+    import ml_dtypes
+    import numpy as np
+
+    fixed = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+             "i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+             "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
+             "complex<f32>": np.complex64, "complex<f64>": np.complex128,
+             "i4": ml_dtypes.int4, "ui4": ml_dtypes.uint4, "i2": ml_dtypes.int2, "ui2": ml_dtypes.uint2}
+    if element in fixed:
+        return np.dtype(fixed[element])
+    if element.startswith("f8") or element.startswith(("f4", "f6")):   # f8E4M3FN -> float8_e4m3fn
+        name = "float" + element[1] + "_" + element[2:].lower()
+        if hasattr(ml_dtypes, name):
+            return np.dtype(getattr(ml_dtypes, name))
+    raise ValueError(f"no numpy type for element type {element}")
+
+
+def random_array(shape: tuple[int, ...], element: str, rng):
+    """Random contents for a parameter: floats in [0.5, 1.5) (no NaNs from log/sqrt, no denormals),
+    integers in [1, 4) (valid indices, no division by zero), random booleans."""
+    import numpy as np
+
+    dtype = numpy_dtype(element)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
+    if dtype.kind in "iu" or element.startswith(("i", "ui")):
+        return rng.integers(1, 4, size=shape).astype(dtype)
+    return (rng.random(shape, dtype=np.float32) + 0.5).astype(dtype)
+
+
+def feedable(text: str) -> tuple[str, list[tuple[tuple[int, ...], str]]]:
+    """``text`` with a ``@main`` that takes only tensors (tuple parameters are rebuilt from their
+    elements, tokens are made inside), and the ``(shape, element type)`` of each parameter."""
+    from jax.extend.mlir import ir
+    from jax.extend.mlir.dialects import func
+    from jax.extend.mlir.dialects import stablehlo as sh
+    from jax.interpreters import mlir as jmlir
+
+    with jmlir.make_ir_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        main = next(op for op in module.body.operations
+                    if op.operation.name == "func.func" and op.operation.attributes["sym_name"].value == "main")
+        ftype = ir.FunctionType(ir.TypeAttr(main.operation.attributes["function_type"]).value)
+        inputs = list(ftype.inputs)
+        if all(isinstance(t, ir.RankedTensorType) for t in inputs):
+            return text, [(tuple(t.shape), str(t.element_type)) for t in inputs]
+        leaves: list = []
+
+        def flatten(t) -> None:
+            if isinstance(t, ir.TupleType):
+                for i in range(t.num_types):
+                    flatten(t.get_type(i))
+            elif isinstance(t, ir.RankedTensorType):
+                leaves.append(t)
+            elif "token" not in str(t):
+                raise ValueError(f"cannot make a parameter of type {t}")
+
+        for t in inputs:
+            flatten(t)
+        main.operation.attributes["sym_name"] = ir.StringAttr.get("region_body")
+        main.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        with ir.InsertionPoint(module.body):
+            wrapper = func.FuncOp("main", (leaves, list(ftype.results)))
+            block = wrapper.add_entry_block()
+        with ir.InsertionPoint(block):
+            args = iter(block.arguments)
+
+            def build(t):
+                if isinstance(t, ir.TupleType):
+                    return sh.TupleOp([build(t.get_type(i)) for i in range(t.num_types)]).result
+                if isinstance(t, ir.RankedTensorType):
+                    return next(args)
+                return sh.AfterAllOp([]).result
+
+            call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get("region_body"),
+                               [build(t) for t in inputs])
+            func.ReturnOp(list(call.results))
+        module.operation.verify()
+        return str(module), [(tuple(t.shape), str(t.element_type)) for t in leaves]
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    import numpy as np
+
+    q1, med, q3 = (float(x) for x in np.percentile(samples, [25, 50, 75]))
+    return {"median_s": med, "iqr_s": q3 - q1, "q1_s": q1, "q3_s": q3, "min_s": float(min(samples)),
+            "mean_s": float(np.mean(samples)), "repeats": len(samples)}
+
+
+def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_repeats: int,
+            target_noise: float, sample_s: float) -> dict[str, Any]:
+    """Time ``call`` (which blocks until its work is done) in about ``measure_s`` seconds at most.
+
+    Warm-up, then samples of ``calls`` back-to-back calls each (a sample lasts about ``sample_s``).
+    Once ``min_repeats`` samples are in, sampling stops when the spread is small and settled
+    (IQR / median ≤ ``target_noise`` and the median moved by less than half of that since the previous
+    sample: ``stable``), or when the figures themselves have settled on a noisy machine (between checks
+    at ``min_repeats`` · 2^k samples the median moved by less than ``target_noise`` / 2 and the IQR by
+    less than 10 % of the median: ``iqr_stable``), or after ``max_repeats`` samples. Once ``measure_s``
+    (warm-up included) is spent sampling stops (``measure_s``), with one sample at least.
+    """
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    warm = [first]
+    while len(warm) < 3 and sum(warm) < min(0.05, 0.1 * measure_s):
+        t = time.perf_counter()
+        call()
+        warm.append(time.perf_counter() - t)
+    per_call = min(warm[1:]) if len(warm) > 1 else first
+    calls = max(1, min(1_000_000, math.ceil(sample_s / max(per_call, 1e-7))))
+    samples: list[float] = []
+    last: float | None = None                         # median one sample ago
+    at_check: dict[str, float] | None = None          # figures at the last checkpoint
+    checkpoint = min_repeats
+    stop = "max_repeats"
+    begin = time.perf_counter()
+    gc.disable()
+    try:
+        while len(samples) < max_repeats:
+            t = time.perf_counter()
+            for _ in range(calls):
+                call()
+            samples.append((time.perf_counter() - t) / calls)
+            n = len(samples)
+            if time.perf_counter() - start >= measure_s:
+                stop = "measure_s"
+                break
+            if n < min_repeats:
+                continue
+            s = _summary(samples)
+            med, iqr = s["median_s"], s["iqr_s"]
+            if iqr <= target_noise * med and last is not None and abs(med - last) <= 0.5 * target_noise * med:
+                stop = "stable"
+                break
+            last = med
+            if n >= checkpoint:
+                if at_check is not None and abs(med - at_check["median_s"]) <= 0.5 * target_noise * med \
+                        and abs(iqr - at_check["iqr_s"]) <= 0.1 * med:
+                    stop = "iqr_stable"
+                    break
+                at_check, checkpoint = s, 2 * checkpoint
+    finally:
+        gc.enable()
+    result = _summary(samples)
+    result.update(calls_per_sample=calls, warmup_s=first, measure_s=time.perf_counter() - begin, stop=stop,
+                  load_avg=_load())
+    return result
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+class Profiler:
+    """jax's backend, and compiling + timing modules on its first device."""
+
+    def __init__(self) -> None:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)    # i64 / f64 parameters stay themselves
+        from jax.extend import backend as jeb
+
+        self.jax = jax
+        self.backend = jeb.get_backend()
+        self.device = self.backend.local_devices()[0]
+        self.options = jeb.get_compile_options(num_replicas=1, num_partitions=1)
+        self.overhead_s = self._overhead()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.backend.platform, "device_kind": self.device.device_kind,
+                "platform_version": self.backend.platform_version, "jax_version": self.jax.__version__,
+                "overhead_s": self.overhead_s}
+
+    def _overhead(self) -> float:
+        import numpy as np
+
+        exe = self.backend.compile_and_load(TRIVIAL_MODULE, [self.device], self.options)
+        args = [self.jax.device_put(np.float32(1.0), self.device)]
+        result = measure(lambda: self.jax.block_until_ready(exe.execute(args)), 0.5, 5, 100, 0.05, 0.002)
+        return result["median_s"]
+
+    def profile(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Compile and time one module: timing fields of :func:`measure`, ``compile_s``, XLA's cost
+        analysis (``xla_flops``, ``xla_bytes``); or ``error`` and ``kind``."""
+        import numpy as np
+
+        try:
+            text, params = feedable(request["text"])
+        except Exception as exc:  # noqa: BLE001 - any failure is the module's, reported as a reason
+            return {"error": f"cannot feed the module: {_first_line(exc)}", "kind": "inputs"}
+        t = time.perf_counter()
+        try:
+            exe = self.backend.compile_and_load(text, [self.device], self.options)
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"XLA cannot compile it: {_first_line(exc)}", "kind": "compile"}
+        compile_s = time.perf_counter() - t
+        try:
+            rng = np.random.default_rng(request.get("seed", 0))
+            args = [self.jax.device_put(random_array(shape, elem, rng), self.device) for shape, elem in params]
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"cannot make its inputs: {_first_line(exc)}", "kind": "inputs"}
+
+        def call() -> None:
+            self.jax.block_until_ready(exe.execute(args))
+
+        try:
+            result = measure(call, request["measure_s"], request["min_repeats"], request["max_repeats"],
+                             request["target_noise"], request["sample_s"])
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"XLA failed running it: {_first_line(exc)}", "kind": "run"}
+        result["compile_s"] = compile_s
+        result.update(_cost(exe))
+        return result
+
+
+def _cost(exe) -> dict[str, float]:
+    try:
+        cost = exe.cost_analysis()
+        if isinstance(cost, list):
+            cost = cost[0] if cost else {}
+        return {"xla_flops": float(cost.get("flops", 0.0)), "xla_bytes": float(cost.get("bytes accessed", 0.0))}
+    except Exception:  # noqa: BLE001 - cost analysis is extra information only
+        return {}
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:400]
+
+
+class TimingLock:
+    """An exclusive ``flock`` on a file: held while a module is compiled and timed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self, timeout_s: float) -> float | None:
+        """Seconds waited, or None when the lock stayed busy for ``timeout_s``."""
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - start
+            except BlockingIOError:
+                if time.monotonic() - start >= timeout_s:
+                    self.release()
+                    return None
+                time.sleep(0.01)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)          # closing drops the flock
+            self.fd = None
+
+
+def main() -> None:
+    from ..ingest.bytecode_check import die_with_parent
+
+    die_with_parent()
+    profiler = Profiler()
+    send({"event": "ready", **profiler.describe()})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        rid = request["id"]
+        lock = TimingLock(request["lock"])
+        waited = lock.acquire(request["lock_timeout_s"])
+        if waited is None:
+            send({"id": rid, "event": "result", "kind": "lock",
+                  "error": f"the timing lock {request['lock']} stayed busy for {request['lock_timeout_s']:.0f} s"})
+            continue
+        try:
+            send({"id": rid, "event": "locked", "lock_wait_s": waited})
+            result = profiler.profile(request)
+        finally:
+            lock.release()
+        result["lock_wait_s"] = waited
+        send({"id": rid, "event": "result", **result})
+
+
+if __name__ == "__main__":
+    main()
