@@ -5,7 +5,7 @@ whole process's wall time (Python start and imports included), the peak memory (
 baseline measured in the same run — how long XLA itself takes just to compile the same program on this
 machine's CPU backend (the cheapest thing one could do with the program short of our pipeline).
 
-    python eval/bench_pipeline.py                  # ResNet-50 inference (../shared) + a >1 MB zoo train step
+    python eval/bench_pipeline.py                  # ResNet-50 inference (../shared) + a >1 MB zoo llama FSDP train step
     python eval/bench_pipeline.py prog.mlir ...    # any programs (paths or zoo: specs)
     python eval/bench_pipeline.py --no-xla         # skip the XLA compile baseline
 """
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = (ROOT / ".." / "shared").resolve()
 DEFAULT_PROGRAMS = [
     (str(SHARED / "mlir" / "resnet_50_inference_step_4_devices_1024_batch.mlir"), "H100_80GB_4GPU"),
-    ("zoo:mlp?layers=128&width=1024&batch=256&step=train&optimizer=adam&devices=4&parallel=dp", "ring:4x150"),
+    ("zoo:llama?layers=16&d_model=1024&heads=16&kv_heads=4&seq=1024&batch=8&dtype=bf16&optimizer=adam"
+     "&devices=4&parallel=fsdp", "ring:4x150"),
 ]
 
 CHILD = r"""
