@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..ingest.errors import HespasError
-from . import pipeline_cmds
+from . import dataset_cmds, pipeline_cmds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     pipeline_cmds.register(sub)
+    dataset_cmds.register(sub)
     return parser
 
 

@@ -1,0 +1,459 @@
+"""The dataset builder (hespas_ml.label.dataset*) and the structural region hash (hespas_ml.split.signature).
+
+Real programs, real fidelities: the smoke spec (datasets/smoke.yaml) is built once end to end; resuming
+is tested by SIGKILLing the CLI while it labels and comparing the finished folder with an uninterrupted
+build. Tiny specs written into tmp_path keep the other tests fast.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT_ROOT, shared_path
+from hespas_ml.cli.main import main
+from hespas_ml.ingest.stablehlo import parse_module
+from hespas_ml.label.dataset import build_dataset, load_dataset
+from hespas_ml.label.dataset_cache import DatasetError
+from hespas_ml.label.dataset_spec import DatasetSpecError, load_spec
+from hespas_ml.label.dataset_tables import GRAPH_COLUMNS, LABEL_COLUMNS, REGION_COLUMNS
+from hespas_ml.label.region_records import program_records, region_from_record, region_record
+from hespas_ml.label.roofline import RooflineFidelity
+from hespas_ml.label.scalesim import LayerCache, ScaleSimFidelity
+from hespas_ml.label.targets import load_target
+from hespas_ml.split.regions import split_program
+from hespas_ml.split.signature import region_signature, signatures
+
+SMOKE = PROJECT_ROOT / "datasets" / "smoke.yaml"
+SA32 = PROJECT_ROOT / "datasets" / "targets" / "sa32x32.yaml"
+
+
+# -- programs for the signature ---------------------------------------------------------------------------
+
+def layer(i: int, inp: str, dim: int = 16, dtype: str = "f32", rhs_contract: int = 0, direction: str = "GT") -> str:
+    """One dense layer: a dot (its own kernel) and a compare/select ReLU epilogue (a loop fusion)."""
+    t = f"tensor<{dim}x{dim}x{dtype}>"
+    zero = "0.0" if dtype.startswith(("f", "b")) else "0"
+    return (f"  %d{i} = stablehlo.dot_general {inp}, %w{i}, contracting_dims = [1] x [{rhs_contract}] : "
+            f"({t}, {t}) -> {t}\n"
+            f"  %z{i} = stablehlo.constant dense<{zero}> : {t}\n"
+            f"  %c{i} = stablehlo.compare {direction}, %d{i}, %z{i} : ({t}, {t}) -> tensor<{dim}x{dim}xi1>\n"
+            f"  %h{i} = stablehlo.select %c{i}, %d{i}, %z{i} : tensor<{dim}x{dim}xi1>, {t}\n")
+
+
+def mlp_program(n: int, dim: int = 16, dtype: str = "f32", prologue: bool = False, **kw) -> str:
+    t = f"tensor<{dim}x{dim}x{dtype}>"
+    args = ", ".join([f"%x: {t}"] + [f"%w{i}: {t}" for i in range(n)])
+    body = f"  %p = stablehlo.multiply %x, %x : {t}\n" if prologue else ""
+    inp = "%p" if prologue else "%x"
+    for i in range(n):
+        body += layer(i, inp, dim, dtype, **kw)
+        inp = f"%h{i}"
+    return f"func.func @main({args}) -> {t} {{\n{body}  return {inp} : {t}\n}}\n"
+
+
+def region_hashes(text: str) -> list[str]:
+    rg = split_program(parse_module(text))
+    return signatures(rg.compute_regions())
+
+
+def dot_hash(text: str) -> str:
+    rg = split_program(parse_module(text))
+    dots = [r for r in rg.compute_regions() if any(rg.graph.ops[i].kind == "dot_general" for i in r.op_ids)]
+    return region_signature(dots[0])
+
+
+# -- signature ----------------------------------------------------------------------------------------------
+
+def test_repeated_layers_collapse_to_one_hash_per_kernel():
+    one, four = region_hashes(mlp_program(1)), region_hashes(mlp_program(4))
+    assert len(one) == 2 and len(set(one)) == 2          # the dot and its epilogue differ
+    assert len(four) == 8 and set(four) == set(one)     # four layers: the same two kernels
+    assert all(len(h) == 64 and int(h, 16) >= 0 for h in four)
+
+
+def test_the_same_region_in_two_programs_has_one_hash():
+    # different op ids and positions (a prologue op shifts everything), same dot kernel and epilogue
+    plain, shifted = region_hashes(mlp_program(2)), region_hashes(mlp_program(2, prologue=True))
+    assert set(plain) <= set(shifted)
+    assert dot_hash(mlp_program(1)) == dot_hash(mlp_program(3, prologue=True))
+
+
+@pytest.mark.parametrize("change", [
+    {"dim": 32},                         # a shape
+    {"dtype": "bf16"},                   # an element type
+    {"rhs_contract": 1},                 # a contracting dim (same operand and result types)
+])
+def test_changing_the_computation_changes_the_dot_hash(change):
+    assert dot_hash(mlp_program(1)) != dot_hash(mlp_program(1, **change))
+
+
+def test_changing_an_attribute_changes_the_epilogue_hash():
+    gt, lt = region_hashes(mlp_program(1)), region_hashes(mlp_program(1, direction="LT"))
+    assert gt[0] == lt[0]                 # the dot is unchanged
+    assert gt[1] != lt[1]                 # compare GT vs LT
+
+
+def test_reading_one_tensor_twice_differs_from_reading_two():
+    t = "tensor<8x8xf32>"
+    dot = lambda name, a, b: f"  %{name} = stablehlo.dot_general %{a}, %{b}, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}\n"  # noqa: E731
+    head = f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n" + dot("s", "a", "b") + dot("u", "b", "a")
+    same = head + f"  %m = stablehlo.multiply %s, %s : {t}\n  %r = stablehlo.add %m, %u : {t}\n  return %r : {t}\n}}\n"
+    two = head + f"  %m = stablehlo.multiply %s, %u : {t}\n  %r = stablehlo.add %m, %u : {t}\n  return %r : {t}\n}}\n"
+    assert region_hashes(same)[-1] != region_hashes(two)[-1]
+
+
+def test_signature_is_stable_across_processes():
+    text = mlp_program(2)
+    code = ("import sys, json; from hespas_ml.ingest.stablehlo import parse_module; "
+            "from hespas_ml.split.regions import split_program; from hespas_ml.split.signature import signatures; "
+            "print(json.dumps(signatures(split_program(parse_module(sys.stdin.read())).compute_regions())))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, env=env,
+                         cwd=PROJECT_ROOT, check=True).stdout
+    assert json.loads(out) == region_hashes(text)
+
+
+def test_records_rebuild_regions_that_label_identically():
+    rg = split_program(parse_module(mlp_program(2)))
+    users = rg.graph.users()
+    roofline, sa = RooflineFidelity(), load_target(SA32)
+    scalesim = ScaleSimFidelity(workers=1, cache=LayerCache(disk=False))
+    target = load_target("H100")
+    for region in rg.compute_regions():
+        record = region_record(region, region_signature(region), users)
+        rebuilt = region_from_record(json.loads(json.dumps(record)))
+        assert roofline.label(rebuilt, target).seconds == roofline.label(region, target).seconds
+        assert scalesim.label(rebuilt, sa).seconds == scalesim.label(region, sa).seconds
+        assert record["n_nodes"] == len(region.op_ids) and len(record["kernels"]) == 1
+
+
+def test_program_records_count_occurrences():
+    path = shared_path("mlir", "resnet_50_inference_step_4_devices_1024_batch.mlir")
+    res = program_records(str(path))
+    assert res["n_regions"] == sum(e["occurrences"] for e in res["regions"].values()) + res["n_skipped"]
+    assert len(res["regions"]) < res["n_regions"]       # ResNet's repeated blocks collapse
+    assert max(e["occurrences"] for e in res["regions"].values()) > 1
+
+
+# -- spec validation ------------------------------------------------------------------------------------------
+
+def write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+CONV = str(shared_path("mlir", "convolution.mlir")) if (PROJECT_ROOT / ".." / "shared").is_dir() else "x.mlir"
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("programs: [{zoo: nosuch}]\nfidelities: {roofline: {targets: [H100]}}", "programs[0].zoo", "unknown zoo family"),
+    ("programs: [{zoo: mlp, grid: {layers: [2, x]}}]\nfidelities: {roofline: {targets: [H100]}}",
+     "programs[0].grid.layers", "not an integer"),
+    ("programs: [{zoo: mlp, grid: {depth: [2]}}]\nfidelities: {roofline: {targets: [H100]}}",
+     "programs[0].grid.depth", "has no parameter"),
+    ("programs: [{zoo: mlp, params: {batch: 6}, devices: 4}]\nfidelities: {roofline: {targets: [H100]}}",
+     "programs[0]", "not divisible"),
+    ("programs: [{mlir: missing.mlir}]\nfidelities: {roofline: {targets: [H100]}}", "programs[0].mlir",
+     "no such file"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {targets: [H900]}}", "fidelities.roofline.targets[0]",
+     "unknown target"),
+    ("programs: [{zoo: mlp}]\nfidelities: {scalesim: {targets: [H100]}}", "fidelities.scalesim.targets[0]",
+     "no systolic arrays"),
+    ("programs: [{zoo: mlp}]\nfidelities: {scalesim: {targets: [TPUv4], budget_s: -1}}",
+     "fidelities.scalesim.budget_s", "positive number"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {targets: [H100], speed: 2}}", "fidelities.roofline.speed",
+     "unknown key"),
+    ("programs: [{zoo: mlp}]\nfidelities: {magic: {targets: [H100]}}", "fidelities.magic", "unknown fidelity"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {}}", "fidelities.roofline.targets", "missing"),
+    ("programs: [{zoo: mlp}]\nsplit: blocks\nfidelities: {roofline: {targets: [H100]}}", "split", "expected one of"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {targets: [H100]}}\ncaps: {max_ops: 3}", "caps.max_ops",
+     "unknown key"),
+    ("programs: []\nfidelities: {roofline: {targets: [H100]}}", "programs", "non-empty list"),
+    ("programs: [{zoo: mlp, mlir: a.mlir}]\nfidelities: {roofline: {targets: [H100]}}", "programs[0]",
+     "exactly one of"),
+    ("programs: [{zoo: mlp}\n", "", "malformed YAML"),
+])
+def test_spec_errors_name_the_file_and_the_key(tmp_path, body, key, message):
+    path = write_spec(tmp_path, body)
+    with pytest.raises(DatasetSpecError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert text.startswith(str(path)) and message in text and "\n" not in text
+    assert info.value.key == key
+
+
+def test_spec_expands_grids_lists_and_shorthands(tmp_path):
+    path = write_spec(tmp_path, """
+        programs:
+          - zoo: mlp
+            grid: {layers: [1, 2], width: [8, 16]}
+            devices: [1, 2]
+            params: {batch: 4}
+          - zoo: mlp
+            list: [{layers: 1, width: 8, batch: 4, devices: 1}, {layers: 5}]   # the first is a duplicate
+          - mlir: %s
+        targets: all
+        fidelities: {roofline: {}, scalesim: {targets: [TPUv4, %s], budget_s: 2}}
+        """ % (CONV, SA32))
+    spec = load_spec(path)
+    zoo = [p for p in spec.programs if p.is_zoo]
+    assert len(zoo) == 2 * 2 * 2 + 1
+    assert all(p.source.startswith("zoo:mlp?layers=") and "batch=" in p.source for p in zoo)
+    assert sum("devices=2" in p.source for p in zoo) == 4
+    assert spec.programs[-1].family == "convolution" and Path(spec.programs[-1].source).is_absolute()
+    roofline, scalesim = spec.fidelities
+    assert len(roofline.targets) == len(load_spec(path).fidelities[0].targets) >= 10
+    assert [t.ref for t in scalesim.targets] == ["TPUv4", str(SA32)] and scalesim.options["budget_s"] == 2.0
+
+
+def test_spec_crosses_lists_with_grids_and_takes_spec_strings(tmp_path):
+    path = write_spec(tmp_path, """
+        programs:
+          - zoo: "mlp?dtype=bf16&batch=8"
+            list: [{width: 16, layers: 1}, {width: 32, layers: 2}]
+            grid: {step: [infer, train]}
+        fidelities: {roofline: {targets: [H100]}}
+        """)
+    sources = [p.source for p in load_spec(path).programs]
+    assert len(sources) == 4
+    assert all("dtype=bf16" in s and "batch=8" in s for s in sources)
+    assert sum("width=16&" in s and "layers=1&" in s for s in sources) == 2      # paired, not crossed
+    assert not any("width=16&" in s and "layers=2&" in s for s in sources)
+
+
+def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
+    path = write_spec(tmp_path, "programs: [{zoo: mlp, grid: {layers: [0]}}]\nfidelities: {roofline: {targets: [H100]}}")
+    assert main(["dataset", "build", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "programs[0].grid.layers" in err and "below the minimum" in err
+
+
+# -- building ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "ds"
+    t0 = time.perf_counter()
+    summary = build_dataset(SMOKE, out, progress=False)
+    return out, summary, time.perf_counter() - t0
+
+
+def test_smoke_build_writes_documented_tables(smoke):
+    out, summary, _ = smoke
+    ds = load_dataset(out)
+    assert list(ds.regions.columns) == list(REGION_COLUMNS)
+    assert list(ds.labels.columns) == list(LABEL_COLUMNS)
+    assert {"target", "ref", "fidelities", "log10_mem_bw"} <= set(ds.targets.columns)
+    assert ds.regions["hash"].is_unique and len(ds.regions) == summary["counts"]["regions_unique"] > 10
+    assert set(ds.labels["status"]) <= {"ok", "failed"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == summary["counts"] and manifest["versions"]["jax"]
+    assert {"programs_s", "labels_s", "tables_s", "total_s"} <= set(manifest["timings"])
+    # several families, every program split
+    assert (ds.programs["status"] == "ok").all()
+    assert ds.regions["families"].map(json.loads).explode().nunique() >= 3
+    # the graph of every region is readable without pickle, in the documented form
+    import pyarrow.parquet as pq
+    assert pq.read_schema(out / "graphs.parquet").names == list(GRAPH_COLUMNS)
+    for digest, n_ops in zip(ds.regions["hash"], ds.regions["n_ops"]):
+        g = ds.region_graph(digest)
+        assert g["hash"] == digest and len(g["nodes"]) == n_ops
+        assert all({"kind", "dtype", "result_types", "operand_types", "flops", "bytes", "attrs"} <= set(n)
+                   for n in g["nodes"])
+        assert all(0 <= s < n_ops and 0 <= d < n_ops for s, d, _, _ in g["edges"])
+    dots = [d for d, counts in zip(ds.regions["hash"], ds.regions["op_counts"]) if "dot_general" in counts]
+    node = next(n for n in ds.region_graph(dots[0])["nodes"] if n["kind"] == "dot_general")
+    assert "lhs_contract" in node["attrs"]["dot_dimension_numbers"]
+
+
+def test_smoke_build_dedupes_and_labels_each_triple_once(smoke):
+    out, summary, _ = smoke
+    ds = load_dataset(out)
+    counts = summary["counts"]
+    assert counts["regions_seen"] > counts["regions_unique"]
+    # a training MLP repeats its layers: fewer unique regions than regions in that program
+    prog = ds.programs[ds.programs["source"].str.contains("layers=3") & ds.programs["source"].str.contains("train")]
+    assert (prog["n_unique"] < prog["n_regions"]).all() and len(prog)
+    assert (ds.regions["occurrences"] >= ds.regions["n_programs"]).all() and ds.regions["occurrences"].max() > 1
+    keys = ds.labels[["hash", "target", "fidelity"]]
+    assert not keys.duplicated().any()
+    spec = load_spec(SMOKE)
+    expected = set()
+    for fs in spec.fidelities:
+        for ref in fs.targets:
+            name = load_target(ref.loadable).name
+            expected |= {(h, name, fs.name) for h in ds.regions["hash"][: fs.max_regions]}
+    assert set(map(tuple, keys.to_numpy().tolist())) == expected
+    ok = ds.labels[ds.labels["status"] == "ok"]
+    assert (ok["seconds"] >= 0).all() and ok["seconds"].notna().all()
+    failed = ds.labels[ds.labels["status"] != "ok"]
+    assert failed["reason"].notna().all() and failed["seconds"].isna().all()
+    assert {"roofline", "scalesim", "profiling"} == set(ok["fidelity"])
+    # XLA:CPU cannot compile the bf16 TopK custom call: profiling records why, the other fidelities label it
+    topk = ds.regions.loc[ds.regions["family"] == "topk", "hash"].iloc[0]
+    prof = ds.labels[(ds.labels["hash"] == topk) & (ds.labels["fidelity"] == "profiling")].iloc[0]
+    assert prof["status"] == "failed" and "compile" in prof["reason"]
+    assert (ds.labels[(ds.labels["hash"] == topk) & (ds.labels["fidelity"] == "roofline")]["status"] == "ok").all()
+    measured = ok[ok["fidelity"] == "profiling"]
+    assert (measured["noise"] >= 0).all() and (measured["seconds"] > 0).all()
+    assert (ok[ok["fidelity"] != "profiling"]["noise"] == 0).all()
+
+
+def test_smoke_builds_fast_and_rebuilds_from_cache(smoke, capsys):
+    out, summary, seconds = smoke
+    assert seconds < 120
+    again = build_dataset(SMOKE, out, progress=False)       # everything cached: nothing recomputed
+    assert again["this_run"]["programs_new"] == 0
+    assert all(v == 0 for k, v in again["this_run"].items() if k.startswith("labels_new"))
+    assert again["counts"] == summary["counts"]
+    assert main(["dataset", "info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "roofline" in text and "scalesim" in text and "mlp" in text
+
+
+def test_failures_are_recorded_with_reasons_and_skipped(tmp_path):
+    bad = tmp_path / "broken.mlir"
+    bad.write_text("func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.frobnicate %a\n}\n")
+    good = tmp_path / "dot.mlir"
+    good.write_text(mlp_program(1, dim=64))
+    path = write_spec(tmp_path, f"""
+        programs: [{{mlir: [{bad.name}, {good.name}]}}]
+        fidelities:
+          roofline: {{targets: [H100]}}
+          scalesim: {{targets: [{SA32}], budget_s: 0.001, mode: full, analytical_tail: false, workers: 1}}
+        """)
+    out = tmp_path / "out"
+    build_dataset(path, out, progress=False)
+    ds = load_dataset(out)
+    failed_prog = ds.programs[ds.programs["status"] == "failed"]
+    assert list(failed_prog["source"]) == [str(bad)] and "broken.mlir" in failed_prog["reason"].iloc[0]
+    sims = ds.labels[ds.labels["fidelity"] == "scalesim"]
+    dot = [h for h, c in zip(ds.regions["hash"], ds.regions["op_counts"]) if "dot_general" in c]
+    failed = sims[sims["hash"].isin(dot)]
+    assert (failed["status"] == "failed").all() and failed["reason"].str.contains("budget").all()
+    assert (ds.labels[ds.labels["fidelity"] == "roofline"]["status"] == "ok").all()
+    first = {(h, t, f): at for h, t, f, at in ds.labels[["hash", "target", "fidelity", "finished_at"]].itertuples(False)}
+    build_dataset(path, out, progress=False)              # failures are not retried …
+    assert {(h, t, f): at for h, t, f, at in
+            load_dataset(out).labels[["hash", "target", "fidelity", "finished_at"]].itertuples(False)} == first
+    summary = build_dataset(path, out, progress=False, retry_failed=True)   # … unless asked to
+    assert summary["this_run"]["programs_failed_new"] == 1
+    assert summary["this_run"]["labels_new_scalesim"] == len(failed)
+
+
+def test_corrupt_dataset_folder_is_one_clean_error(smoke, tmp_path, capsys):
+    out, _, _ = smoke
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("manifest.json", "regions.parquet", "graphs.parquet", "programs.parquet", "targets.parquet"):
+        (broken / name).write_bytes((out / name).read_bytes())
+    (broken / "labels.parquet").write_bytes((out / "labels.parquet").read_bytes()[:100])
+    with pytest.raises(DatasetError, match="labels.parquet: unreadable"):
+        load_dataset(broken)
+    assert main(["dataset", "info", str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "labels.parquet" in err and "\n" not in err
+    with pytest.raises(DatasetError, match="manifest.json: missing"):
+        load_dataset(tmp_path)
+
+
+# -- resume after SIGKILL ---------------------------------------------------------------------------------------
+
+RESUME_SPEC = """
+    programs:
+      - zoo: mlp
+        grid: {{layers: [2], width: [32, 64], batch: [16], step: [train]}}
+      - mlir: [{conv}, {dot}]
+    fidelities:
+      roofline: {{targets: [H100, TPUv4]}}
+      scalesim: {{targets: [TPUv4, {sa}], mode: full, budget_s: 20, workers: 1, chunk: 1}}
+    """
+
+
+def _labels(out: Path) -> list[tuple]:
+    """The labels in a (possibly still building) folder's cache, read without writing to it."""
+    if not (out / "cache.sqlite").exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{out / 'cache.sqlite'}?mode=ro", uri=True, timeout=10)
+        try:
+            return list(db.execute("SELECT hash, target, fidelity, status, seconds, finished_at FROM labels"))
+        finally:
+            db.close()
+    except sqlite3.OperationalError:       # created but not initialised yet
+        return []
+
+
+def test_resume_after_sigkill_equals_an_uninterrupted_build(tmp_path):
+    from hespas_ml.ingest.zoo.cache import cache_dir as zoo_cache_dir
+
+    # a fresh SCALE-Sim layer cache (so labelling takes a while), the real zoo export cache (exports are slow)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    zoo = zoo_cache_dir()
+    zoo.mkdir(parents=True, exist_ok=True)
+    (cache / "zoo").symlink_to(zoo)
+    dot = tmp_path / "dots.mlir"
+    dot.write_text(mlp_program(3, dim=96, dtype="bf16"))
+    path = write_spec(tmp_path, RESUME_SPEC.format(conv=CONV, dot=dot, sa=SA32))
+    env = {**os.environ, "HESPAS_ML_CACHE": str(cache), "PYTHONPATH": str(PROJECT_ROOT)}
+    cmd = [sys.executable, "-m", "hespas_ml.cli.main", "dataset", "build", str(path), "--no-progress",
+           "--workers", "1"]
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if sum(1 for row in _labels(killed) if row[2] == "scalesim") >= 2:
+                break
+            time.sleep(0.02)
+    finally:
+        proc.kill()                                 # SIGKILL the CLI alone; its workers see their pipes close
+        proc.wait()
+    try:
+        _resume_and_compare(proc, killed, tmp_path, cmd, env)
+    finally:
+        try:                                        # whatever the killed CLI left running
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _resume_and_compare(proc, killed: Path, tmp_path: Path, cmd: list[str], env: dict[str, str]) -> None:
+    before = _labels(killed)
+    n_sim = sum(1 for row in before if row[2] == "scalesim")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert n_sim >= 2 and not (killed / "labels.parquet").exists()
+
+    resumed = subprocess.run([*cmd, "--out", str(killed)], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    whole = tmp_path / "whole"
+    build = subprocess.run([*cmd, "--out", str(whole)], env=env, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+
+    a, b = load_dataset(killed), load_dataset(whole)
+    key = ["hash", "target", "fidelity"]
+    for ds in (a, b):
+        assert not ds.labels[key].duplicated().any()
+    la = a.labels.sort_values(key).reset_index(drop=True)
+    lb = b.labels.sort_values(key).reset_index(drop=True)
+    assert la[key + ["status"]].equals(lb[key + ["status"]])
+    assert len(la) == len(a.regions) * 4 and n_sim < (la["fidelity"] == "scalesim").sum()
+    assert all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(la["seconds"].fillna(-1), lb["seconds"].fillna(-1)))
+    assert a.regions.equals(b.regions)
+    # labels finished before the kill were kept, not recomputed
+    after = {(h, t, f): at for h, t, f, _, _, at in _labels(killed)}
+    assert all(after[(h, t, f)] == at for h, t, f, _, _, at in before)
