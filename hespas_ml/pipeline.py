@@ -89,7 +89,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     ``target`` accelerators, timing compute regions with ``fidelity``."""
     from .ingest import load_program
     from .ingest.graph import OpGraph
-    from .label.fidelity import get_fidelity
+    from .label.registry import get_fidelity
     from .label.targets import load_target
     from .replay import replay as run_replay
     from .replay.system import load_system

@@ -25,6 +25,7 @@ from ..ingest.errors import HespasError
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
 from .fidelity import Label
+from .registry import get_fidelity
 from .region_records import region_from_record
 
 DETERMINISTIC = frozenset({"roofline", "scalesim"})
@@ -44,18 +45,6 @@ def reason_of(exc: BaseException) -> str:
     return " ".join(text.split())[:1000]
 
 
-def fidelity_class(name: str):
-    """The class of a fidelity by name."""
-    from .fidelity import get_fidelity
-    try:
-        return type(get_fidelity(name))
-    except HespasError:
-        if name == "profiling":          # until get_fidelity lists it
-            from .profiling import ProfilingFidelity
-            return ProfilingFidelity
-        raise
-
-
 def make_fidelity(fs: FidelitySpec, workers: int):
     """The fidelity object for a spec entry, with its options applied."""
     if fs.name == "roofline":
@@ -68,7 +57,7 @@ def make_fidelity(fs: FidelitySpec, workers: int):
         budget = Budget(seconds=o.get("budget_s", 30.0), memory_bytes=int(o.get("memory_gb", 2.0) * 2**30))
         return ScaleSimFidelity(budget=budget, mode=o.get("mode", "auto"),
                                 analytical_tail=o.get("analytical_tail", True), workers=o.get("workers", workers))
-    return fidelity_class(fs.name)(**fs.options)
+    return get_fidelity(fs.name, **fs.options)
 
 
 def target_fingerprint(target, fidelity: str) -> str:

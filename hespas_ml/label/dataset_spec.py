@@ -328,7 +328,7 @@ def _systolic_check(refs: list[TargetRef], origin: str, key: str) -> None:
 # ------------------------------------------------------------------------------------------ fidelities
 
 def _fidelity_class(name: str):
-    from .dataset_labels import fidelity_class
+    from .registry import fidelity_class
     return fidelity_class(name)
 
 

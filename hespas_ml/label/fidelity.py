@@ -1,7 +1,8 @@
 """One interface for every way of timing a compute region: region + target -> seconds, with metadata.
 
 A fidelity is any object with a ``name`` and ``label_regions(regions, target) -> list[Label]``
-(``label(region, target)`` for one). Fidelities are looked up by name with :func:`get_fidelity`.
+(``label(region, target)`` for one). Fidelities are looked up by name with
+:func:`hespas_ml.label.registry.get_fidelity`.
 """
 from __future__ import annotations
 
@@ -30,18 +31,3 @@ class Fidelity(Protocol):
     def label(self, region, target) -> Label: ...
 
     def label_regions(self, regions: Sequence, target) -> list[Label]: ...
-
-
-def get_fidelity(name: str) -> Fidelity:
-    """A fidelity by name: ``roofline``, ``scalesim`` or ``profiling``."""
-    key = name.strip().lower()
-    if key == "roofline":
-        from .roofline import RooflineFidelity
-        return RooflineFidelity()
-    if key == "scalesim":
-        from .scalesim import ScaleSimFidelity
-        return ScaleSimFidelity()
-    if key == "profiling":
-        from .profiling import ProfilingFidelity
-        return ProfilingFidelity()
-    raise FidelityError(f"unknown fidelity '{name}' (available: roofline, scalesim, profiling)")
