@@ -23,10 +23,30 @@ def register(sub) -> None:
     b.add_argument("--dry-run", action="store_true", help="validate the spec and print what it expands to")
     b.set_defaults(func=cmd_build)
 
+    s = dsub.add_parser("snapshot", help="tables of what a build (even a running or killed one) has so far",
+                        description="Write the tables of everything a build has labelled so far into another "
+                                    "folder, without disturbing the build.")
+    s.add_argument("spec", help="the dataset spec YAML the build runs")
+    s.add_argument("build", help="the build's folder (its --out)")
+    s.add_argument("--out", required=True, help="folder for the snapshot's tables")
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_snapshot)
+
     i = dsub.add_parser("info", help="counts per family, fidelity, target and status of a built dataset")
     i.add_argument("dir", help="a dataset folder written by 'dataset build'")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
+
+
+def cmd_snapshot(args) -> int:
+    from ..label.dataset import snapshot_dataset
+
+    summary = snapshot_dataset(args.spec, args.build, args.out, progress=not args.no_progress)
+    c = summary["counts"]
+    print(f"{args.out}: snapshot of {args.build}: {c['regions_unique']} unique regions, {c['labels']} labels")
+    for fid, statuses in c["labels_by_fidelity"].items():
+        print(f"  {fid:<10} " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    return 0
 
 
 def cmd_build(args) -> int:

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from .dataset_cache import BuildCache, DatasetError
@@ -163,4 +164,38 @@ def build_dataset(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[
     return summary
 
 
-__all__ = ["Dataset", "DatasetError", "build_dataset", "default_workers", "load_dataset"]
+def snapshot_dataset(spec_path: str | os.PathLike[str], build_dir: str | os.PathLike[str],
+                     out_dir: str | os.PathLike[str], *, progress: bool = True) -> dict[str, Any]:
+    """Tables of everything a build (finished, killed, or still running) has labelled so far, written to
+    ``out_dir``: the build's cache database is copied with SQLite's online backup (a consistent snapshot
+    that never blocks the build), then written out like a finished build."""
+    import sqlite3
+
+    from .dataset_cache import CACHE_FILE
+
+    spec = load_spec(spec_path)
+    source = Path(build_dir) / CACHE_FILE
+    if not source.is_file():
+        raise DatasetError(f"{build_dir}: no dataset build here ({CACHE_FILE} is missing)")
+    out = Path(out_dir)
+    if out.resolve() == Path(build_dir).resolve():
+        raise DatasetError(f"{out_dir}: a snapshot must go to another folder than the build")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+        dst = sqlite3.connect(out / CACHE_FILE)
+        with dst:
+            src.backup(dst)
+        src.close()
+        dst.close()
+    except sqlite3.Error as exc:
+        raise DatasetError(f"{source}: cannot snapshot the cache database ({exc})") from None
+    with BuildCache(out) as cache:
+        hashes = scope_hashes(spec, cache)
+        summary = write_tables(spec, cache, hashes, {"timings": {}, "new": {}, "snapshot_of": str(build_dir)},
+                               progress=progress)
+        write_manifest(cache.dir, summary)
+    return summary
+
+
+__all__ = ["Dataset", "DatasetError", "build_dataset", "default_workers", "load_dataset", "snapshot_dataset"]

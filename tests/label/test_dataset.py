@@ -461,3 +461,20 @@ def _resume_and_compare(proc, killed: Path, tmp_path: Path, cmd: list[str], env:
     # labels finished before the kill were kept, not recomputed
     after = {(h, t, f): at for h, t, f, _, _, at in _labels(killed)}
     assert all(after[(h, t, f)] == at for h, t, f, _, _, at in before)
+
+
+def test_snapshot_of_a_build_matches_its_tables_and_leaves_it_alone(smoke, tmp_path, capsys):
+    from hespas_ml.label.dataset import snapshot_dataset
+
+    out, _, _ = smoke
+    spec = SMOKE
+    assert main(["dataset", "snapshot", str(spec), str(out), "--out", str(tmp_path / "snap"), "--no-progress"]) == 0
+    snap, built = load_dataset(tmp_path / "snap"), load_dataset(out)
+    key = ["hash", "target", "fidelity"]
+    assert snap.labels[key + ["seconds", "status"]].sort_values(key).reset_index(drop=True).equals(
+        built.labels[key + ["seconds", "status"]].sort_values(key).reset_index(drop=True))
+    assert sorted(snap.regions["hash"]) == sorted(built.regions["hash"])
+    with pytest.raises(DatasetError, match="another folder"):
+        snapshot_dataset(spec, out, out)
+    with pytest.raises(DatasetError, match="no dataset build"):
+        snapshot_dataset(spec, tmp_path / "nothing", tmp_path / "snap2")
