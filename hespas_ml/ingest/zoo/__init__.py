@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import IngestError
 from . import llama, mlp, moe, vit
 from . import cnn, micro_conv, micro_matmul, micro_vector
+from . import dlrm, unet
 from .base import ParamValue, ZooEntry, ZooParam
 
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
@@ -26,6 +27,8 @@ ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     vit.ENTRY,
     moe.ENTRY,
     cnn.ENTRY,
+    unet.ENTRY,
+    dlrm.ENTRY,
     *micro_matmul.ENTRIES,
     *micro_conv.ENTRIES,
     *micro_vector.ENTRIES,
