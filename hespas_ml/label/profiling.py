@@ -81,7 +81,9 @@ class ProfilingFidelity:
     ``min_repeats`` / ``max_repeats``: samples taken at least (``measure_s`` permitting) / at most.
     ``target_noise``: sampling stops early once IQR / median is below it and the median has settled.
     ``sample_s``: the shortest sample (short regions are executed several times per sample).
-    ``cache``: True for the default folder, a path, or False. ``lock_timeout_s``: how long to wait for
+    ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
+    median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
+    time. ``lock_timeout_s``: how long to wait for
     another process's timing. ``stats`` counts regions ``timed``, ``cached`` and ``failed``, and
     ``worker_starts``.
     """
@@ -90,9 +92,11 @@ class ProfilingFidelity:
 
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.002,
-                 cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0):
+                 cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
+                 cache_max_noise: float = 0.10):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
-                           ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s)):
+                           ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
+                           ("cache_max_noise", cache_max_noise)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise FidelityError(f"profiling: {key} must be a positive number, got {value!r}")
         if not (isinstance(min_repeats, int) and isinstance(max_repeats, int) and 1 <= min_repeats <= max_repeats):
@@ -103,6 +107,7 @@ class ProfilingFidelity:
         self.target_noise = float(target_noise)
         self.sample_s = float(sample_s)
         self.cache = cache
+        self.cache_max_noise = float(cache_max_noise)
         self.lock_timeout_s = float(lock_timeout_s)
         self.seed = seed
         self.stats = {"timed": 0, "cached": 0, "failed": 0, "worker_starts": 0}
@@ -131,7 +136,10 @@ class ProfilingFidelity:
                         pending.setdefault(item.digest, []).append(item)
             for digest, group in pending.items():
                 result = worker.profile(self._request(group[0].text), self.budget_s, self.lock_timeout_s)
-                if "error" not in result or result.get("kind") in CACHED_FAILURES:
+                if "error" in result:
+                    if result.get("kind") in CACHED_FAILURES:
+                        self._cache_put(digest, identity, result)
+                elif self._quiet_enough(result):   # a label timed under load is timed again next time
                     self._cache_put(digest, identity, result)
                 label = self._to_label(result, identity, digest, cached=False)
                 if label.status == "ok":
@@ -251,6 +259,10 @@ class ProfilingFidelity:
         median = float(result["median_s"])
         meta["rel_iqr"] = float(result["iqr_s"]) / median if median > 0 else math.inf
         return Label(median, "ok", meta)
+
+    def _quiet_enough(self, result: dict[str, Any]) -> bool:
+        median = float(result.get("median_s") or 0.0)
+        return median > 0 and float(result.get("iqr_s") or 0.0) / median <= self.cache_max_noise
 
     def _cache_dir(self) -> Path | None:
         if self.cache is False or self.cache is None:

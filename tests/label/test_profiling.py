@@ -51,7 +51,7 @@ def kernels(tmp_path_factory, host):
     tmp = tmp_path_factory.mktemp("profiling")
     regions = program_regions(tmp, PROGRAM)
     cache = tmp / "cache"
-    with ProfilingFidelity(cache=cache, **FAST) as fid:
+    with ProfilingFidelity(cache=cache, cache_max_noise=1e9, **FAST) as fid:   # cache whatever the load
         labels = fid.label_regions(regions, host)
         stats = dict(fid.stats)
     by_kind = {}
@@ -106,6 +106,14 @@ def test_the_cache_avoids_re_timing(kernels, host):
         assert fid.stats == {"timed": 0, "cached": 3, "failed": 0, "worker_starts": 0}
     assert [a.seconds for a in again] == [b.seconds for b in labels]
     assert all(a.meta["cached"] for a in again)
+
+
+def test_labels_timed_under_too_much_noise_are_not_cached(kernels, host, tmp_path):
+    regions = kernels[0]
+    with ProfilingFidelity(cache=tmp_path / "c", cache_max_noise=1e-12, **FAST) as fid:
+        labels = fid.label_regions(regions, host)
+    quiet = sum(1 for label in labels if label.meta["rel_iqr"] <= 1e-12)
+    assert len(list((tmp_path / "c").glob("*.json"))) == quiet
 
 
 def test_a_region_xla_refuses_fails_and_the_others_still_label(tmp_path, host):
