@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..ingest.errors import HespasError
-from . import dataset_cmds, pipeline_cmds
+from . import dataset_cmds, pipeline_cmds, study_cmds, sweep_cmds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     pipeline_cmds.register(sub)
     dataset_cmds.register(sub)
+    study_cmds.register(sub)
+    sweep_cmds.register(sub)
     return parser
 
 
