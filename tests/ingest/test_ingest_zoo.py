@@ -46,6 +46,17 @@ def test_spec_defaults_and_values():
     assert is_zoo_spec("zoo:mlp") and not is_zoo_spec("model.mlir") and not is_zoo_spec(Path("zoo:x"))
 
 
+def test_cache_key_follows_the_exporting_code(monkeypatch):
+    """An edit to a generator or to the exporter must never be answered by an older cached export."""
+    from hespas_ml.ingest.zoo import cache
+
+    params = parse_zoo_spec("zoo:mlp")[1]
+    before = cache.cache_key("mlp", params)
+    assert len(cache.exporter_fingerprint()) == 16
+    monkeypatch.setattr(cache, "exporter_fingerprint", lambda: "0" * 16)
+    assert cache.cache_key("mlp", params) != before
+
+
 @pytest.mark.parametrize("spec, message", [
     ("mlp", "a zoo spec starts with 'zoo:'"),
     ("zoo:", "names no family (known families: "),

@@ -6,6 +6,7 @@ program no longer matches its checksum) is treated as absent and exported again.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,9 +38,24 @@ def _version(package: str) -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
+def exporter_fingerprint() -> str:
+    """Hash of the code that writes zoo programs (the zoo package and the exporter).
+
+    Part of every cache key, so that an edit to a generator or to the export path can never be answered
+    by a program exported by the older code (a cache that outlives a checkout, as on a CI machine).
+    """
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*here.glob("*.py"), here.parent / "export.py"]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def cache_key(family: str, params: dict[str, Any]) -> str:
-    """Hash of the canonical spec, the family's generator version and the jax/jaxlib versions."""
+    """Hash of the canonical spec, the family's generator version, the exporting code and jax/jaxlib."""
     ident = "|".join([canonical_spec(family, params), f"family-v{ZOO[family].version}",
+                      f"code={exporter_fingerprint()}",
                       f"jax={_version('jax')}", f"jaxlib={_version('jaxlib')}", f"format={FORMAT_VERSION}"])
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
