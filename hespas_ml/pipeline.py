@@ -61,6 +61,7 @@ class SimulationResult:
     warnings: list[str]
     timings: dict[str, float] = field(default_factory=dict)
     out_dir: str | None = None
+    step_time_interval_s: tuple[float, float] | None = None   # when the fidelity gives intervals (surrogates)
 
     def top_regions(self, k: int = 10) -> list[RegionRow]:
         comp = [r for r in self.regions if r.kind == "compute"]
@@ -70,7 +71,9 @@ class SimulationResult:
         return {
             "program": self.program, "target": self.target, "fidelity": self.fidelity, "split": self.split,
             "system": self.system, "replay": self.replay, "n_devices": self.n_devices,
-            "step_time_s": self.step_time_s, "compute_time_s": self.compute_time_s,
+            "step_time_s": self.step_time_s,
+            "step_time_interval_s": list(self.step_time_interval_s) if self.step_time_interval_s else None,
+            "compute_time_s": self.compute_time_s,
             "exposed_comm_s": self.exposed_comm_s, "n_comp_nodes": self.n_comp_nodes,
             "n_comm_nodes": self.n_comm_nodes, "flops": self.flops, "bytes": self.bytes,
             "unmodelled": self.unmodelled, "warnings": self.warnings, "ranks": self.ranks,
@@ -86,7 +89,9 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
              out: str | Path | None = None) -> SimulationResult:
     """Simulate one step of ``program`` (a .mlir path, a ``zoo:`` spec, or an :class:`OpGraph`) on
     ``system`` (an ASTRA-sim folder or a spec such as ``ring:4x150``; None for one device) built from
-    ``target`` accelerators, timing compute regions with ``fidelity``."""
+    ``target`` accelerators, timing compute regions with ``fidelity``. When the fidelity's labels carry
+    an interval (``meta["interval"]``: the learned surrogates), the traces are replayed with the lower and
+    upper times too, giving ``step_time_interval_s``."""
     from .ingest import load_program
     from .ingest.graph import OpGraph
     from .label.registry import get_fidelity
@@ -132,6 +137,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
             failed += 1
         seconds[r.id] = lab.seconds if lab.status == "ok" else 0.0
     by_id = {r.id: lab for r, lab in zip(compute, labels)}
+    bounds = _interval_seconds(compute, labels, len(rg.regions))
     for r in rg.regions:
         if r.kind == "compute":
             lab = by_id[r.id]
@@ -168,6 +174,20 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
         ranks = [{"rank": rr.rank, "finish_s": rr.finish_ns * 1e-9, "exposed_comm_s": rr.exposed_comm_ns * 1e-9}
                  for rr in res.ranks]
     timings["replay"] = time.perf_counter() - t
+
+    interval = None
+    if bounds is not None:
+        t = time.perf_counter()
+        ends = []
+        for secs in bounds:
+            tr = build_traces(rg, secs, n)
+            if sys_cfg is None:
+                ends.append(tr.encoded_compute_s)
+            else:
+                ends.append(run_replay(tr.traces, sys_cfg, tr.comm_groups or None, backend=replay,
+                                       binary=astra_sim_bin).step_time_s)
+        interval = (min(ends[0], step), max(ends[1], step))
+        timings["replay_interval"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
     from .label.costs import graph_cost
@@ -179,10 +199,26 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
         step_time_s=step, compute_time_s=compute_s, exposed_comm_s=exposed,
         n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=ranks, regions=rows,
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
-        warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None)
+        warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
+        step_time_interval_s=interval)
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _interval_seconds(compute, labels, n_regions: int) -> tuple[list[float], list[float]] | None:
+    """Per-region lower and upper seconds when every ok label carries ``meta["interval"]``, else None."""
+    lower, upper = [0.0] * n_regions, [0.0] * n_regions
+    seen = False
+    for r, lab in zip(compute, labels):
+        if lab.status != "ok":
+            continue
+        iv = lab.meta.get("interval")
+        if iv is None:
+            return None
+        lower[r.id], upper[r.id] = float(iv[0]), float(iv[1])
+        seen = True
+    return (lower, upper) if seen else None
 
 
 def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionRow]) -> Path:

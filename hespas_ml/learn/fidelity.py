@@ -1,0 +1,111 @@
+"""A learned surrogate as a fidelity: ``surrogate:<model>`` times regions in bulk, with an interval.
+
+``get_fidelity("surrogate:roofline")`` (and ``surrogate:scalesim``, ``surrogate:profiling``,
+``surrogate:NAME@alias``, ``surrogate:models:/NAME/3``, ``surrogate:/path/to/model``) returns a
+:class:`SurrogateFidelity`: the same interface as the analytical and measured fidelities
+(``label_regions(regions, target) -> list[Label]``), so the pipeline, dataset builder, sweeps and
+studies use it unchanged. A fidelity name means the shipped model (``models/<fidelity>/``); other
+references are resolved by :func:`hespas_ml.learn.registry.load_surrogate`.
+
+All regions of a call are featurised and predicted together, and identical regions (same structural
+signature) once. Each label's ``meta`` holds the interval: ``lower_s`` / ``upper_s`` (also as
+``interval``), its nominal ``coverage``, the ensemble ``spread`` (log-seconds), the analytical
+``roofline_s`` and the ``model`` used.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..label.fidelity import Label
+from .config import LearnError
+from .registry import LoadedModel, load_surrogate, parse_model_ref
+from .surrogate import Surrogate
+
+_CACHE: dict[tuple, LoadedModel] = {}
+_LOCK = threading.Lock()
+
+
+def _cache_key(ref, tracking_uri) -> tuple | None:
+    """A key that changes when the model behind a reference can have changed (None: do not cache)."""
+    if ref.kind in ("path", "shipped"):
+        folder = Path(ref.uri)
+        try:
+            stamp = tuple((folder / f).stat().st_mtime_ns for f in ("weights.pt", "surrogate.json"))
+        except OSError:
+            return None
+        return ("folder", str(folder.resolve()), stamp)
+    if ref.alias is not None:
+        return None                        # aliases move: resolve them every time
+    return ("registry", ref.uri, str(tracking_uri or os.environ.get("HESPAS_ML_TRACKING_URI") or ""))
+
+
+def load_model(model: str | os.PathLike[str], tracking_uri: str | os.PathLike[str] | None = None) -> LoadedModel:
+    """:func:`~hespas_ml.learn.registry.load_surrogate` with a per-process cache of unchanged models."""
+    ref = parse_model_ref(model)
+    key = _cache_key(ref, tracking_uri)
+    if key is not None:
+        with _LOCK:
+            hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+    loaded = load_surrogate(ref, tracking_uri)
+    if key is not None:
+        with _LOCK:
+            _CACHE[key] = loaded
+    return loaded
+
+
+class SurrogateFidelity:
+    """Times compute regions with a learned surrogate (see the module docstring).
+
+    ``model``: a fidelity name (the shipped model), a saved folder, a registry reference, or a
+    :class:`~hespas_ml.learn.surrogate.Surrogate`. ``tracking_uri``: the MLflow store of registry
+    references (default ``$HESPAS_ML_TRACKING_URI`` or ``./mlruns``).
+    """
+
+    def __init__(self, model: str | os.PathLike[str] | Surrogate = "roofline",
+                 tracking_uri: str | os.PathLike[str] | None = None):
+        if isinstance(model, Surrogate):
+            self.surrogate, self.source, self.load_s = model, "in-memory", 0.0
+            self.name = f"surrogate:{model.config.fidelity}"
+        else:
+            loaded = load_model(model, tracking_uri)
+            self.surrogate, self.source, self.load_s = loaded.surrogate, loaded.describe(), loaded.load_s
+            self.name = f"surrogate:{model}"
+        self.fidelity = self.surrogate.config.fidelity
+        self.trained_targets = set(self.surrogate.trained_on.get("targets") or [])
+
+    def label(self, region, target) -> Label:
+        return self.label_regions([region], target)[0]
+
+    def label_regions(self, regions: Sequence, target) -> list[Label]:
+        """One label per region, predicted in one batch (identical regions once)."""
+        regions = list(regions)
+        if not regions:
+            return []
+        pred = self.surrogate.predict_regions(regions, target)
+        name = getattr(target, "name", str(target))
+        seen = name in self.trained_targets if self.trained_targets else None
+        coverage = self.surrogate.calibration.coverage
+        roof = pred.roofline if len(pred.roofline) == len(pred.seconds) else None
+        out = []
+        for i in range(len(pred.seconds)):
+            lo, s, hi = float(pred.lower[i]), float(pred.seconds[i]), float(pred.upper[i])
+            meta: dict[str, Any] = {"lower_s": lo, "upper_s": hi, "interval": (lo, hi), "coverage": coverage,
+                                    "spread": float(pred.spread[i]) if len(pred.spread) else 0.0,
+                                    "model": self.source, "bound": "learned", "seen_target": seen}
+            if roof is not None:
+                meta["roofline_s"] = float(roof[i])
+            out.append(Label(s, "ok", meta))
+        return out
+
+
+def check_reference(model: str) -> None:
+    """Raise a one-line error unless ``model`` parses as a model reference whose shipped folder (for a
+    fidelity name) or path exists; registry references are checked when loaded."""
+    ref = parse_model_ref(model)
+    if ref.kind == "shipped" and not Path(ref.uri).is_dir():
+        raise LearnError(f"surrogate:{model}: no shipped model in {ref.uri}")

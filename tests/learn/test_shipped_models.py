@@ -1,0 +1,84 @@
+"""The shipped surrogates (``models/<fidelity>/``): they load fast, predict sane intervals, carry a model
+card, and ``surrogate:<fidelity>`` uses them by default in the pipeline."""
+from __future__ import annotations
+
+import math
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from hespas_ml.ingest.errors import HespasError
+from hespas_ml.learn.registry import load_surrogate, models_dir
+
+FIDELITIES = ("roofline", "scalesim", "profiling")
+TARGETS = {"roofline": ["H100", "TPUv4", "B200"], "scalesim": ["TPUv4", "TPUv3"], "profiling": ["host-cpu"]}
+PROGRAM = "zoo:mlp?layers=2&width=64&batch=16&step=train"
+
+
+@pytest.fixture(scope="module")
+def regions():
+    from hespas_ml.ingest import load_program
+    from hespas_ml.split.regions import split_program
+
+    return split_program(load_program(PROGRAM), "fusion").compute_regions()
+
+
+@pytest.mark.parametrize("fidelity", FIDELITIES)
+def test_shipped_model_loads_fast_and_predicts_sane_intervals(fidelity, regions):
+    folder = models_dir() / fidelity
+    assert (folder / "surrogate.json").is_file(), f"no shipped {fidelity} surrogate in {folder}"
+    load_surrogate(folder)                                   # warm the imports
+    t = time.perf_counter()
+    loaded = load_surrogate(fidelity)                         # by fidelity name: the shipped folder
+    assert time.perf_counter() - t < 1.0
+    model = loaded.surrogate
+    assert loaded.source == str(folder) and model.config.fidelity == fidelity
+    for target in TARGETS[fidelity]:
+        pred = model.predict_regions(regions, target)
+        assert len(pred) == len(regions)
+        for arr in (pred.seconds, pred.lower, pred.upper):
+            assert np.isfinite(arr).all() and (arr > 0).all()
+        assert (pred.lower <= pred.seconds).all() and (pred.seconds <= pred.upper).all()
+        assert (pred.upper > pred.lower).all()
+
+
+@pytest.mark.parametrize("fidelity", FIDELITIES)
+def test_shipped_model_is_small_and_has_a_model_card(fidelity):
+    folder = models_dir() / fidelity
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    assert size < 5e6
+    card = (folder / "MODEL_CARD.md").read_text()
+    for needle in ("## Data", "## Split", "## Metrics on the held-out test rows", "median APE", "## Reproduce",
+                   "hespas-ml train", f"--fidelity {fidelity}"):
+        assert needle in card, needle
+    assert not list(folder.glob("*.pkl"))
+
+
+def test_simulate_with_the_shipped_roofline_surrogate_gives_an_interval():
+    from hespas_ml.pipeline import simulate
+
+    res = simulate(PROGRAM.replace("step=train", "step=train&devices=2"), target="H100", system="ring:2x100",
+                   fidelity="surrogate:roofline")
+    lo, hi = res.step_time_interval_s
+    assert res.fidelity == "surrogate:roofline" and 0 < lo <= res.step_time_s <= hi and math.isfinite(hi)
+    assert res.to_dict()["step_time_interval_s"] == [lo, hi]
+    roof = simulate(PROGRAM.replace("step=train", "step=train&devices=2"), target="H100", system="ring:2x100")
+    assert roof.step_time_interval_s is None
+    # the roofline surrogate reproduces the roofline it learned closely on a simple MLP
+    assert res.step_time_s == pytest.approx(roof.step_time_s, rel=0.1)
+
+
+def test_models_folder_can_be_moved_with_HESPAS_ML_MODELS(tmp_path, monkeypatch, regions):
+    from hespas_ml.label.registry import get_fidelity
+
+    shutil.copytree(models_dir() / "roofline", tmp_path / "roofline")
+    monkeypatch.setenv("HESPAS_ML_MODELS", str(tmp_path))
+    fid = get_fidelity("surrogate:roofline")
+    assert fid.source == str(tmp_path / "roofline")
+    assert len(fid.label_regions(regions, "H100")) == len(regions)
+    with pytest.raises(HespasError) as err:
+        get_fidelity("surrogate:scalesim")
+    msg = str(err.value)
+    assert "\n" not in msg and "no shipped model" in msg and str(tmp_path / "scalesim") in msg
