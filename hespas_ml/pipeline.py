@@ -156,9 +156,8 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
 
     t = time.perf_counter()
     out_dir = Path(out) if out is not None else None
-    prefix = None
     if out_dir is not None:
-        prefix = _write_outputs(out_dir, graph.name, traces, sys_cfg, rows)
+        _write_outputs(out_dir, graph.name, traces, sys_cfg, rows)
     if sys_cfg is None:
         backend = "none (single device)"
         step = compute_s = traces.encoded_compute_s

@@ -112,7 +112,7 @@ def cmd_train(args) -> int:
     from ..label.dataset import load_dataset
     from ..learn.config import TrainConfig
     from ..learn.evaluate import table
-    from ..learn.registry import train_and_register
+    from ..learn.runs import train_and_register
 
     overrides = _overrides(args)
     origin = args.config or "command line"
@@ -126,6 +126,7 @@ def cmd_train(args) -> int:
         plots=not args.no_plots, register=not args.no_register, metric=args.metric, progress=say)
     command = "hespas-ml " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "hespas-ml train"
     if args.save:
+        from ..learn.model_card import save_with_card
         save_with_card(out, dataset, args.save, command)
     if args.json:
         print(json.dumps({"run_id": out.run_id, "experiment_id": out.experiment_id, "model_uri": out.model_uri,
@@ -155,75 +156,6 @@ def cmd_train(args) -> int:
     if args.save:
         print(f"saved to {args.save} (with MODEL_CARD.md)")
     return 0
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None or v != v else f"{100 * float(v):.2f}%"
-
-
-def model_card(out, dataset, command: str) -> str:
-    """MODEL_CARD.md of a trained surrogate: data, split, metrics on held-out rows, how to reproduce."""
-    import torch
-
-    from .. import __version__
-
-    s, c = out.surrogate, out.surrogate.config
-    n_params = sum(p.numel() for p in s.net.parameters()) if s.net is not None else 0
-    m = dataset.manifest
-    counts = (m.get("counts") or {}).get("labels_by_fidelity", {}).get(c.fidelity, {})
-    lines = [f"# Learned surrogate of the `{c.fidelity}` fidelity", "",
-             f"Use it as `--fidelity surrogate:{c.fidelity}` (`hespas-ml simulate`, sweeps, studies) or "
-             f"`hespas-ml predict PROGRAM --fidelity {c.fidelity}`. Files: `weights.pt` (a torch state_dict, "
-             "read with `weights_only=True`), `surrogate.json`, `metrics.json` — no pickle.", "",
-             "## Data", "",
-             f"* dataset: `{dataset.path}` (spec `{(m.get('spec') or {}).get('name', '?')}`, built "
-             f"{m.get('created', '?')}): {len(dataset.regions)} unique regions; {c.fidelity} labels: "
-             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-             f"* targets learned: {', '.join(s.trained_on.get('targets', [])) or '-'}",
-             f"* families in training: {', '.join(s.trained_on.get('families', [])) or '-'}", "",
-             "## Split", "",
-             f"* kind: `{c.split}`, holdout {c.holdout or 'default'} (see `hespas_ml/learn/splits.py`), seed {c.seed}",
-             f"* rows: {out.split_sizes.get('train')} train, {out.split_sizes.get('val')} validation "
-             f"(early stopping and interval calibration), {out.split_sizes.get('test')} test (held out)", "",
-             "## Model", "",
-             f"* {c.ensemble}-member ensemble GNN, hidden {c.hidden}, {c.layers} layers, head {c.head_hidden}, "
-             f"pooling {','.join(c.pooling)}, residual over the `{c.base}` estimate: {c.residual}",
-             f"* {n_params} parameters; {s.metrics.get('epochs_run')} epochs (best {s.metrics.get('best_epoch')}), "
-             f"trained in {s.metrics.get('train_s', 0):.0f} s on CPU; interval: {100 * c.interval:.0f}% nominal", "",
-             "## Metrics on the held-out test rows", "",
-             "| model | median APE | p90 APE | Kendall τ | coverage | rows |", "|---|---|---|---|---|---|"]
-
-    def row(name: str, r: dict[str, Any]) -> str:
-        tau = r.get("kendall_tau")
-        return (f"| {name} | {_pct(r.get('median_ape'))} | {_pct(r.get('p90_ape'))} | "
-                f"{'-' if tau is None or tau != tau else f'{tau:.3f}'} | {_pct(r.get('coverage'))} | {r.get('n', 0)} |")
-
-    lines.append(row("**surrogate**", out.test))
-    for k, v in out.baselines.items():
-        lines.append(row(f"baseline: {k}", v))
-    for group, title in (("per_family", "model family"), ("per_target", "target"), ("per_op", "op family")):
-        sub = out.test.get(group) or {}
-        if sub:
-            lines += ["", f"Per {title} (test rows):", "", f"| {title} | median APE | p90 APE | Kendall τ | "
-                      "coverage | rows |", "|---|---|---|---|---|---|"]
-            lines += [row(k, v) for k, v in sub.items()]
-    val = out.splits.get("val", {})
-    lines += ["", f"Validation rows: median APE {_pct(val.get('median_ape'))}, p90 {_pct(val.get('p90_ape'))}, "
-                  f"coverage {_pct(val.get('coverage'))}.", "",
-              "## Provenance", "",
-              f"* trained {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with hespas-ml {__version__}, "
-              f"torch {torch.__version__}",
-              f"* MLflow run `{out.run_id}`, registered as `{out.name}` version {out.version} "
-              "(in the local store used for training; not shipped)", "",
-              "## Reproduce", "", "```bash", command, "```", ""]
-    return "\n".join(lines)
-
-
-def save_with_card(out, dataset, folder: str, command: str) -> Path:
-    """Save the trained surrogate into ``folder`` with its MODEL_CARD.md."""
-    path = out.surrogate.save(folder)
-    (path / "MODEL_CARD.md").write_text(model_card(out, dataset, command))
-    return path
 
 
 # ------------------------------------------------------------------------------------------------ predict

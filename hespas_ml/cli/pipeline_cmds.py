@@ -1,7 +1,6 @@
 """``simulate``, ``analyze`` and ``replay``: the pipeline's commands."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

@@ -7,9 +7,12 @@
 Modules: :mod:`.config` (TrainConfig, LearnError), :mod:`.features` (region record + target → tensors),
 :mod:`.model` (the ensemble GNN), :mod:`.train` (fitting), :mod:`.ensemble` (intervals, Prediction),
 :mod:`.surrogate` (Surrogate: fit / predict / save / load / evaluate), :mod:`.splits` (by-region
-splits), :mod:`.tables` (label rows, dataset targets), :mod:`.baselines` (analytical estimate, gradient
-boosting), :mod:`.evaluate` (figures, speed). Names are imported lazily, so importing the package (or
-``.config``) does not import torch.
+splits), :mod:`.tables` (label rows, dataset targets), :mod:`.estimates` and :mod:`.baselines` (analytical
+estimates, gradient boosting), :mod:`.evaluate` (figures, speed), :mod:`.plots`, :mod:`.model_card`,
+:mod:`.tracking` (the MLflow store), :mod:`.registry` (model references, logging, versions),
+:mod:`.runs` (one tracked training run), :mod:`.search` (Optuna), :mod:`.fidelity` (``surrogate:<ref>`` as
+a pipeline fidelity). Names are imported lazily, so importing the package (or ``.config``) does not import
+torch.
 """
 from __future__ import annotations
 

@@ -7,16 +7,20 @@
   computed within each target and averaged, weighted by rows; ``kendall_tau_pooled`` is over all rows.
 * coverage — share of true labels inside ``[lower, upper]`` (when intervals are given).
 
-:func:`report` returns these overall and per family (``regions.family``) and per target; :func:`table`
-prints rows of such reports.
+:func:`report` returns these overall and per family (``regions.family``) and per target;
+:func:`split_report` adds them per op family (:func:`hespas_ml.split.families.region_family`);
+:func:`table` prints rows of such reports.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
+
+from ..split.families import region_family
 
 TARGETS = {"roofline": (0.02, 0.05, 0.98), "scalesim": (0.05, 0.15, 0.95), "profiling": (0.10, 0.25, 0.90)}
 """Per fidelity: (median APE, p90 APE, Kendall τ) the surrogate aims for on held-out families."""
@@ -74,6 +78,35 @@ def report(rows: pd.DataFrame, pred: np.ndarray, lower: np.ndarray | None = None
     fam = rows["family"].to_numpy()
     out["per_family"] = {str(f): part(fam == f) for f in sorted(pd.unique(fam))}
     out["per_target"] = {str(t): part(tg == t) for t in sorted(pd.unique(tg))}
+    return out
+
+
+def op_families(dataset, hashes: Iterable[str]) -> np.ndarray:
+    """The op family (:func:`~hespas_ml.split.families.region_family`) of each region hash of ``dataset``."""
+    table = dataset.regions.set_index("hash")["op_counts"]
+    cache: dict[str, str] = {}
+    out = []
+    for h in hashes:
+        fam = cache.get(h)
+        if fam is None:
+            raw = table.get(h)
+            counts = json.loads(raw) if isinstance(raw, str) else (raw or {})
+            fam = cache[h] = region_family(counts)
+        out.append(fam)
+    return np.asarray(out, dtype=object)
+
+
+def split_report(rows, pred, ops: np.ndarray) -> dict[str, Any]:
+    """:func:`~hespas_ml.learn.evaluate.report` plus ``per_op`` (op family) figures."""
+    lower, upper = getattr(pred, "lower", None), getattr(pred, "upper", None)
+    seconds = getattr(pred, "seconds", pred)
+    out = report(rows, seconds, lower, upper)
+    true, tg = rows["seconds"].to_numpy(dtype=np.float64), rows["target"].to_numpy()
+    out["per_op"] = {}
+    for fam in sorted(set(ops)):
+        sel = ops == fam
+        out["per_op"][fam] = metrics(seconds[sel], true[sel], None if lower is None else lower[sel],
+                                     None if upper is None else upper[sel], tg[sel])
     return out
 
 

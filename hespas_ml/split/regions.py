@@ -213,7 +213,6 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
             k.bytes = c.bytes
             continue
         # reads of tensors produced outside the kernel (each tensor once per kernel)
-        n_in = max(1, len(op.operand_types))
         partial = c.bytes_in < sum(t.nbytes for t in op.operand_types) - 1
         for j, (p, t) in enumerate(zip(op.operands, op.operand_types)):
             if p >= 0 and p in members:

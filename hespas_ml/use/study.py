@@ -374,7 +374,7 @@ def build_tables(spec: StudySpec, results: list[ConfigResult], infos: list[dict[
                                                  "seconds"])
     info_df = pd.DataFrame(infos, columns=["workload", "system", "split", "signature", "count", "occurrences",
                                            "family", "op_kinds", "shape", "flops", "bytes"])
-    from .study_regions import FAMILIES
+    from ..split.families import FAMILIES
 
     errors = M.reference_errors(steps, spec.reference, order)
     speedups = M.speedups(steps, spec.reference, spec.transitions, order)

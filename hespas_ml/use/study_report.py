@@ -311,7 +311,7 @@ def _measurements(summary: dict[str, Any]) -> str:
 
 def render(spec: StudySpec, tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> str:
     """The report's HTML text."""
-    from .study_regions import FAMILIES
+    from ..split.families import FAMILIES
 
     sources = [MEASURED] + spec.source_names()
     colors = _colors(sources)

@@ -14,7 +14,7 @@ import pytest
 from hespas_ml.cli.main import main as cli_main
 from hespas_ml.use import study_metrics as M
 from hespas_ml.use.study import CONFIG_COLUMNS, run_study
-from hespas_ml.use.study_regions import region_family
+from hespas_ml.split.families import region_family
 from hespas_ml.use.study_spec import StudySpecError, load_spec, read_measured
 
 ROOT = Path(__file__).resolve().parents[2]
