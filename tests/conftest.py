@@ -22,3 +22,27 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.skip("../shared/ is absent beside the project root")
     return SHARED_DIR
+
+
+@pytest.fixture(scope="session")
+def smoke_ds(tmp_path_factory):
+    """The smoke dataset (datasets/smoke.yaml), built once per session into a temporary folder by the
+    project's builder (real programs, real fidelities)."""
+    from hespas_ml.label.dataset import build_dataset, load_dataset
+
+    out = tmp_path_factory.mktemp("smoke-dataset") / "ds"
+    build_dataset(PROJECT_ROOT / "datasets" / "smoke.yaml", out, progress=False)
+    return load_dataset(out)
+
+
+@pytest.fixture
+def tiny_config():
+    """A factory of surrogate configurations that train in a second or two on the smoke dataset."""
+    from hespas_ml.learn.config import TrainConfig
+
+    def make(**overrides) -> TrainConfig:
+        base = dict(hidden=16, layers=2, head_hidden=32, epochs=12, batch_size=16, patience=12, ensemble=3,
+                    split="random", seed=0)
+        base.update(overrides)
+        return TrainConfig(**base)
+    return make
