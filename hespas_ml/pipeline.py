@@ -86,12 +86,13 @@ class SimulationResult:
 
 def simulate(program, target: str = "H100", system: str | Path | None = None, *, fidelity: str = "roofline",
              split: str = "fusion", replay: str = "auto", astra_sim_bin: str | None = None,
-             out: str | Path | None = None) -> SimulationResult:
+             out: str | Path | None = None, fidelity_options: dict | None = None) -> SimulationResult:
     """Simulate one step of ``program`` (a .mlir path, a ``zoo:`` spec, or an :class:`OpGraph`) on
     ``system`` (an ASTRA-sim folder or a spec such as ``ring:4x150``; None for one device) built from
     ``target`` accelerators, timing compute regions with ``fidelity``. When the fidelity's labels carry
     an interval (``meta["interval"]``: the learned surrogates), the traces are replayed with the lower and
-    upper times too, giving ``step_time_interval_s``."""
+    upper times too, giving ``step_time_interval_s``. ``fidelity_options`` are passed to the fidelity's
+    constructor (e.g. ``{"budget": Budget(seconds=2), "mode": "auto"}`` for ``scalesim``)."""
     from .ingest import load_program
     from .ingest.graph import OpGraph
     from .label.registry import get_fidelity
@@ -104,7 +105,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     tgt = load_target(target)
-    fid = get_fidelity(fidelity)
+    fid = get_fidelity(fidelity, **(fidelity_options or {}))
     sys_cfg = None
     if system is not None:
         sys_cfg = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
