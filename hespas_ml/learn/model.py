@@ -82,23 +82,46 @@ class MemberGINEConv(MessagePassing):
 
 
 class Standardise(nn.Module):
-    """``(x - mean) / std`` with the statistics in buffers (set by :meth:`fit`)."""
+    """``(x - mean) / std`` with the statistics in buffers (set by :meth:`fit`).
+
+    A feature that never varied in the training data (e.g. the systolic array shape when every training
+    target had 128x128 arrays) gets ``std = inf``: it reads as 0 whatever its value, so a target that
+    differs there is answered from what was learned (and from the analytical estimate the model is a
+    residual over) instead of from weights that were never trained to mean anything.
+
+    Columns fitted with ``clamp`` (the hardware vector) are first clamped to the range seen in training:
+    a target beyond it (a smaller array, a slower clock) is answered as the nearest configuration the
+    model knows, and the analytical estimate carries the difference, rather than by extrapolating the
+    network's weights into a region they were never fitted on.
+    """
 
     def __init__(self, dim: int):
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("std", torch.ones(dim))
+        self.register_buffer("lo", torch.full((dim,), -math.inf))
+        self.register_buffer("hi", torch.full((dim,), math.inf))
 
-    def fit(self, x: Tensor) -> None:
+    def fit(self, x: Tensor, clamp: Tensor | None = None) -> None:
+        """Statistics of ``x`` ([rows, dim]); ``clamp`` ([dim] bool) marks the columns to clamp."""
         if x.numel() == 0:
             return
         x = x.reshape(-1, self.mean.numel()).double()
         self.mean.copy_(x.mean(0).float())
         std = x.std(0, unbiased=False).float() if len(x) > 1 else torch.ones_like(self.std)
-        self.std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
+        self.std.copy_(torch.where(std > 1e-6, std, torch.full_like(std, math.inf)))
+        if clamp is not None:
+            self.lo.copy_(torch.where(clamp, x.min(0).values.float(), torch.full_like(self.lo, -math.inf)))
+            self.hi.copy_(torch.where(clamp, x.max(0).values.float(), torch.full_like(self.hi, math.inf)))
 
     def forward(self, x: Tensor) -> Tensor:
-        return (x - self.mean) / self.std
+        return (torch.clamp(x, self.lo, self.hi) - self.mean) / self.std
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # models saved before clamping existed have no bounds: they load unclamped, as they were trained
+        for name, fill in (("lo", -math.inf), ("hi", math.inf)):
+            state_dict.setdefault(prefix + name, torch.full_like(getattr(self, name), fill))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class SurrogateNet(nn.Module):

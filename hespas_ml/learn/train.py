@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch_geometric.loader import DataLoader
 
 from .config import TrainConfig
-from .features import Featuriser, RegionData, region_data
+from .features import HW_FEATURES, Featuriser, RegionData, region_data
 from .model import SurrogateNet
 
 EpochCallback = Callable[[int, dict[str, float]], bool]
@@ -84,7 +84,10 @@ def fit_normalisers(net: SurrogateNet, train: list[RegionData], residual: bool) 
     if edges:
         net.edge_norm.fit(torch.cat(edges))
     net.region_norm.fit(torch.cat([d.region for d in train]))
-    net.row_norm.fit(torch.cat([d.rows for d in train]))
+    rows = torch.cat([d.rows for d in train])
+    hardware = torch.zeros(rows.shape[-1], dtype=torch.bool)
+    hardware[rows.shape[-1] - len(HW_FEATURES):] = True          # the hardware vector closes every row
+    net.row_norm.fit(rows, clamp=hardware)
     y = torch.cat([d.y - d.base if residual else d.y for d in train]).double()
     net.y_mean.fill_(float(y.mean()))
     net.y_std.fill_(max(float(y.std(unbiased=False)) if len(y) > 1 else 1.0, 1e-2))

@@ -138,3 +138,33 @@ def test_bad_requests_are_clean_errors(smoke_ds, learned, tiny_config):
         Surrogate(tiny_config()).fit(smoke_ds, train_index=np.array([], dtype=np.int64))
     with pytest.raises(LearnError, match="no labels of fidelity|no usable"):
         Surrogate(tiny_config(fidelity="profiling", targets=None, max_noise=-1.0)).fit(smoke_ds)
+
+
+def test_a_feature_that_never_varied_in_training_is_ignored():
+    """Every training target had the same value (e.g. 128x128 arrays): another value must not move the
+    prediction through weights that were never trained on it."""
+    import torch
+
+    from hespas_ml.learn.model import Standardise
+
+    norm = Standardise(3)
+    train = torch.tensor([[1.0, 7.0, 0.0], [3.0, 7.0, 2.0], [5.0, 7.0, 4.0]])
+    norm.fit(train)
+    out = norm(torch.tensor([[3.0, 5.0, 2.0], [3.0, 9.0, 2.0]]))
+    assert torch.equal(out[:, 1], torch.zeros(2))              # the constant column reads as 0 for any value
+    assert torch.allclose(out[:, 0], torch.zeros(2)) and torch.isfinite(out).all()
+    varied = norm(torch.tensor([[5.0, 7.0, 4.0]]))
+    assert varied[0, 0] > 1.0 and varied[0, 2] > 1.0           # varied columns are standardised as before
+
+
+def test_clamped_columns_do_not_extrapolate_beyond_training():
+    import torch
+
+    from hespas_ml.learn.model import Standardise
+
+    norm = Standardise(2)
+    norm.fit(torch.tensor([[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]), clamp=torch.tensor([True, False]))
+    inside, beyond = norm(torch.tensor([[1.0, 1.0]])), norm(torch.tensor([[-10.0, -10.0]]))
+    assert torch.equal(beyond[0, 0], norm(torch.tensor([[0.0, 0.0]]))[0, 0])   # clamped to the training minimum
+    assert beyond[0, 1] < -3.0                                                 # an unclamped column extrapolates
+    assert inside[0, 0] == inside[0, 1]                                        # no effect inside the range

@@ -62,10 +62,12 @@ def test_smoke_sweep_rows_columns_and_sharing(smoke):
     programs_ok = sum(1 for p in spec.programs if p.error is None)
     assert st["programs_prepared"] == programs_ok and st["programs_failed"] == 1
     assert st["labels_computed"] == st["regions_unique"] * len(spec.targets) < st["regions_seen"]
-    assert st["trace_sets_built"] == programs_ok * len(spec.variants)
+    # one trace set per program and variant, three (point, lower, upper) when the fidelity gives intervals
+    sets_per_variant = [3 if v.fidelity.startswith("surrogate:") else 1 for v in spec.variants]
+    assert st["trace_sets_built"] == programs_ok * sum(sets_per_variant)
     working_systems = len(spec.systems[2]) + len(spec.systems[4])
     assert st["systems_built"] == working_systems * len(spec.targets)      # one per (system, memory bandwidth)
-    assert st["replays_fast"] == len(ok)
+    assert st["replays_fast"] == len(ok) * (3 if manifest["fidelities"][0].startswith("surrogate:") else 1)
     assert sorted(p.name for p in (out / "chunks").iterdir()) == [f"chunk-{c.id:06d}.parquet" for c in spec.chunks()]
 
 
