@@ -68,7 +68,9 @@ def cmd_simulate(args) -> int:
     w(f"program       {res.program}  ({res.n_devices} device{'s' if res.n_devices > 1 else ''})\n")
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split)\n")
     w(f"system        {res.system}   replay {res.replay}\n")
-    w(f"step time     {_ms(res.step_time_s)}\n")
+    interval = res.step_time_interval_s
+    w(f"step time     {_ms(res.step_time_s)}"
+      + (f"   (interval {_ms(interval[0])} .. {_ms(interval[1])})" if interval else "") + "\n")
     w(f"compute time  {_ms(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}, {_si(res.bytes, 'B')} per device)\n")
     w(f"exposed comm  {_ms(res.exposed_comm_s)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")

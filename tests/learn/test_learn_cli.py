@@ -96,9 +96,17 @@ def test_simulate_with_a_registered_surrogate_reports_an_interval(trained, monke
         res = json.loads(out)
         lo, hi = res["step_time_interval_s"]
         assert res["fidelity"] == fidelity and 0 < lo <= res["step_time_s"] <= hi
+    # the human-readable summary shows the interval beside the step time
+    code, out, err = run("simulate", MLP + "&devices=2", "--system", "ring:2x100", "--fidelity",
+                         f"surrogate:{trained['saved']}")
+    assert code == 0, err
+    step_line = next(line for line in out.splitlines() if line.startswith("step time"))
+    assert "(interval " in step_line and " .. " in step_line
     # analytical fidelities give no interval
     code, out, _ = run("simulate", MLP, "--json")
     assert code == 0 and json.loads(out)["step_time_interval_s"] is None
+    code, out, _ = run("simulate", MLP)
+    assert code == 0 and "interval" not in next(line for line in out.splitlines() if line.startswith("step time"))
 
 
 def test_retrain_from_the_champion_creates_a_version_and_compares(trained, smoke_ds):
