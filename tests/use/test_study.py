@@ -311,7 +311,12 @@ def test_smoke_study_resumes_from_its_cache(smoke, tmp_path):
     again = run_study(SMOKE, out, progress=False, mlflow=False)
     c2 = again.tables["configs"]
     assert int(c2["cached"].sum()) == done - len(removed)
-    pd.testing.assert_series_equal(configs["step_time_s"], c2["step_time_s"], check_exact=False, rtol=1e-12)
+    # deterministic fidelities give the same times again; profiling re-times a region whose noisy label it
+    # did not cache (the machine may have been busy), so its figures may move
+    same = (configs["fidelity"] != "profiling").to_numpy()
+    assert same.sum() > 0 and (~same).sum() > 0
+    pd.testing.assert_series_equal(configs["step_time_s"][same], c2["step_time_s"][same], check_exact=False,
+                                   rtol=1e-12)
 
 
 def _chromium() -> str:
