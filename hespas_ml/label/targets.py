@@ -30,6 +30,7 @@ YAML schema (numbers may be written as ``1555e9``; PyYAML reads that as a string
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -348,6 +349,12 @@ def read_target_file(path: str | os.PathLike[str]) -> Target:
 
 # -------------------------------------------------------------------------------------------- presets
 
+@functools.lru_cache(maxsize=None)
+def _read_preset(path: str) -> Target:
+    """A shipped preset, parsed once per process (presets are package files; a Target is immutable)."""
+    return read_target_file(path)
+
+
 def _alias_key(name: str) -> str:
     return re.sub(r"[\s_.\-]+", "", name.lower())
 
@@ -392,7 +399,7 @@ def load_target(name_or_path: str | os.PathLike[str]) -> Target:
     if preset is not None:
         if preset.stem == HOST_CPU:
             return measure_host_cpu()
-        return read_target_file(preset)
+        return _read_preset(str(preset))
     if looks_like_path or Path(text).is_file():
         return read_target_file(text)
     raise TargetError(f"unknown hardware target {text!r}; known presets: {', '.join(list_targets())} "
