@@ -21,6 +21,7 @@ torch runs with ``--threads`` intra-op threads (default 1, as the models are con
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -33,17 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hespas_ml.units import format_seconds  # noqa: E402
+
+_fmt = functools.partial(format_seconds, digits=2)
+
 FIDELITIES = ("roofline", "scalesim", "profiling")
 TARGET_OF = {"roofline": "H100", "scalesim": "TPUv4", "profiling": "host-cpu"}
 DEFAULT_PROGRAM = "zoo:resnet?depth=18&width=0.5&image=32&batch=4&classes=100&step=train"
-
-
-def _fmt(seconds: float) -> str:
-    if seconds >= 1.0:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
 
 
 def load_times(models: Path, repeats: int) -> dict:

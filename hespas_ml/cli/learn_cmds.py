@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..units import format_seconds
+
 FIDELITIES = ("roofline", "scalesim", "profiling")
 
 
@@ -160,16 +162,6 @@ def cmd_train(args) -> int:
 
 # ------------------------------------------------------------------------------------------------ predict
 
-def _time(seconds: float) -> str:
-    if seconds >= 1.0:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.2f} µs"
-    return f"{seconds * 1e9:.2f} ns"
-
-
 def cmd_predict(args) -> int:
     from ..ingest import load_program
     from ..label.targets import load_target
@@ -217,16 +209,16 @@ def cmd_predict(args) -> int:
     w(f"model      {fid.source}  (interval {100 * (result['coverage'] or 0):.0f}% nominal)\n")
     w(f"regions    {len(compute)} compute regions, {n_unique} unique, predicted in {1e3 * t_pred:.1f} ms "
       f"(model loaded in {1e3 * t_load:.0f} ms)\n")
-    w(f"total      {_time(total)}  [{_time(low)}, {_time(high)}]  (sum of region bounds; roofline "
-      f"{_time(roof)})\n")
+    w(f"total      {format_seconds(total)}  [{format_seconds(low)}, {format_seconds(high)}]  (sum of region bounds; roofline "
+      f"{format_seconds(roof)})\n")
     top = sorted(rows, key=lambda x: -x["total_s"])[:args.top]
     if top:
         w(f"\nmost expensive regions (of {len(rows)}):\n")
         w(f"  {'region':>6}  {'ops':<32} {'count':>5}  {'time/exec':>10}  {'interval':>23}  {'total':>10}  "
           f"{'share':>6}  {'roofline':>10}\n")
         for x in top:
-            iv = f"[{_time(x['lower_s'])}, {_time(x['upper_s'])}]"
-            w(f"  {x['id']:>6}  {x['name'][:32]:<32} {x['count']:>5}  {_time(x['seconds']):>10}  {iv:>23}  "
-              f"{_time(x['total_s']):>10}  {100 * x['total_s'] / max(total, 1e-30):5.1f}%  "
-              f"{_time(x['roofline_s'] or 0.0):>10}\n")
+            iv = f"[{format_seconds(x['lower_s'])}, {format_seconds(x['upper_s'])}]"
+            w(f"  {x['id']:>6}  {x['name'][:32]:<32} {x['count']:>5}  {format_seconds(x['seconds']):>10}  {iv:>23}  "
+              f"{format_seconds(x['total_s']):>10}  {100 * x['total_s'] / max(total, 1e-30):5.1f}%  "
+              f"{format_seconds(x['roofline_s'] or 0.0):>10}\n")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..units import format_seconds
+
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="program -> regions -> labels -> Chakra traces -> replayed step time",
@@ -41,14 +43,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_replay)
 
 
-def _ms(seconds: float) -> str:
-    if seconds >= 1.0:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
 def _si(value: float, unit: str) -> str:
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
@@ -69,10 +63,10 @@ def cmd_simulate(args) -> int:
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split)\n")
     w(f"system        {res.system}   replay {res.replay}\n")
     interval = res.step_time_interval_s
-    w(f"step time     {_ms(res.step_time_s)}"
-      + (f"   (interval {_ms(interval[0])} .. {_ms(interval[1])})" if interval else "") + "\n")
-    w(f"compute time  {_ms(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}, {_si(res.bytes, 'B')} per device)\n")
-    w(f"exposed comm  {_ms(res.exposed_comm_s)}\n")
+    w(f"step time     {format_seconds(res.step_time_s)}"
+      + (f"   (interval {format_seconds(interval[0])} .. {format_seconds(interval[1])})" if interval else "") + "\n")
+    w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}, {_si(res.bytes, 'B')} per device)\n")
+    w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)
     if top:
@@ -80,7 +74,7 @@ def cmd_simulate(args) -> int:
         w(f"  {'region':>7}  {'ops':<34} {'count':>5}  {'time/exec':>10}  {'total':>10}  {'share':>6}  bound\n")
         total = max(res.compute_time_s, 1e-30)
         for r in top:
-            w(f"  {r.id:>7}  {r.name[:34]:<34} {r.count:>5}  {_ms(r.seconds):>10}  {_ms(r.total_seconds):>10}"
+            w(f"  {r.id:>7}  {r.name[:34]:<34} {r.count:>5}  {format_seconds(r.seconds):>10}  {format_seconds(r.total_seconds):>10}"
               f"  {100 * r.total_seconds / total:5.1f}%  {r.bound}\n")
     if res.unmodelled:
         w("\nunmodelled ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(res.unmodelled.items())) + "\n")
@@ -155,10 +149,10 @@ def cmd_replay(args) -> int:
     w = sys.stdout.write
     w(f"traces        {args.prefix}.<0..{len(res.ranks) - 1}>.et\n")
     w(f"system        {cfg.source}   replay {res.backend}\n")
-    w(f"step time     {_ms(res.step_time_s)}\n")
-    w(f"exposed comm  {_ms(res.exposed_comm_s)} (on the rank that finishes last)\n")
+    w(f"step time     {format_seconds(res.step_time_s)}\n")
+    w(f"exposed comm  {format_seconds(res.exposed_comm_s)} (on the rank that finishes last)\n")
     w(f"\n  {'rank':>5}  {'finish':>12}  {'exposed comm':>12}  {'compute':>12}  {'comm':>12}\n")
     for r in res.ranks:
-        w(f"  {r.rank:>5}  {_ms(r.finish_ns * 1e-9):>12}  {_ms(r.exposed_comm_ns * 1e-9):>12}  "
-          f"{_ms(r.gpu_ns * 1e-9):>12}  {_ms(r.comm_ns * 1e-9):>12}\n")
+        w(f"  {r.rank:>5}  {format_seconds(r.finish_ns * 1e-9):>12}  {format_seconds(r.exposed_comm_ns * 1e-9):>12}  "
+          f"{format_seconds(r.gpu_ns * 1e-9):>12}  {format_seconds(r.comm_ns * 1e-9):>12}\n")
     return 0

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from ..ingest.errors import HespasError
+from ..label.dataset_spec import SCALESIM_KEYS   # the SCALE-Sim options a dataset spec takes
 
 SPLITS = ("fusion", "linear", "individual")
 SINGLE = "single"                      # the system of a one-device workload
@@ -44,7 +45,6 @@ TOP_KEYS = ("name", "description", "split", "workloads", "targets", "fidelities"
             "transitions", "top_regions", "replay")
 WORKLOAD_KEYS = ("name", "program", "systems")
 COMMON_FIDELITY_KEYS = ("targets", "splits", "optional")
-SCALESIM_KEYS = ("budget_s", "memory_gb", "mode", "analytical_tail", "workers")
 REPLAYS = ("auto", "embedded", "astra-sim")
 MEASURED_REQUIRED = ("workload", "target", "system", "runtime_s")
 MEASURED_OPTIONAL = ("iqr_s", "repeats", "machine", "date", "method")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..ingest.errors import HespasError
+from ..units import format_seconds
 
 REQUIRED = ("config_id", "workload", "devices", "target", "system", "status", "step_time_s", "compute_time_s",
             "exposed_comm_s")
@@ -116,16 +117,6 @@ def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
             "workloads": workloads}
 
 
-def _fmt_time(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
 def _fmt_x(v: Any, xcol: str) -> str:
     if v is None:
         return "-"
@@ -148,8 +139,8 @@ def print_report(rep: dict[str, Any], out: TextIO) -> None:
             for r in rows:
                 util = r.get("utilisation")
                 w(f"  {r['config_id']:>7}  {_fmt_x(r.get(xcol, r.get('devices')), xcol):>12}  "
-                  f"{_fmt_time(r['step_time_s']):>10}  {_fmt_time(r['compute_time_s']):>10}  "
-                  f"{_fmt_time(r['exposed_comm_s']):>10}  {'-' if util is None else f'{util:.1%}':>6}  "
+                  f"{format_seconds(r['step_time_s']):>10}  {format_seconds(r['compute_time_s']):>10}  "
+                  f"{format_seconds(r['exposed_comm_s']):>10}  {'-' if util is None else f'{util:.1%}':>6}  "
                   f"{str(r.get('parallel') or '-'):<8} {str(r['target']):<10} {r['system']}\n")
 
 

@@ -1,0 +1,15 @@
+"""How durations are written for people: one formatter for every command, report and benchmark."""
+from __future__ import annotations
+
+
+def format_seconds(seconds: float | None, digits: int = 3) -> str:
+    """``1.234 s``, ``12.345 ms``, ``56.7 µs`` or ``890.0 ns`` (``digits`` for s and ms); ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds >= 1.0:
+        return f"{seconds:.{digits}f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.{digits}f} ms"
+    if seconds >= 1e-6 or seconds <= 0.0:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e9:.1f} ns"
