@@ -5,7 +5,6 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..units import format_seconds
@@ -66,34 +65,8 @@ def register(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ train
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """The TrainConfig fields of a YAML file (a flat mapping)."""
-    import yaml
-
-    from ..learn.config import LearnError
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise LearnError(f"{p}: no such configuration file") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise LearnError(f"{p}: unreadable ({' '.join(str(exc).split())[:160]})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise LearnError(f"{p}: expected a mapping of TrainConfig fields")
-    for k in ("lr", "weight_decay", "dropout", "max_noise"):
-        if isinstance(data.get(k), str):          # YAML 1.1 reads 1e-4 as a string
-            try:
-                data[k] = float(data[k])
-            except ValueError:
-                pass
-    return data
-
-
 def _overrides(args) -> dict[str, Any]:
-    from ..learn.config import LearnError
+    from ..learn.config import LearnError, read_config_file
 
     data = read_config_file(args.config) if args.config else {}
     if data.get("fidelity", args.fidelity) != args.fidelity:

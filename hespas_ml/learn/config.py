@@ -8,7 +8,9 @@ is a clear error rather than a silent default).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..ingest.errors import HespasError
@@ -127,3 +129,33 @@ class TrainConfig:
             raise LearnError(f"{origin}: {exc}") from None
         except TypeError as exc:
             raise LearnError(f"{origin}: {exc}") from None
+
+
+def read_yaml(path: str | os.PathLike[str], what: str, error: type[LearnError] = LearnError) -> Any:
+    """The parsed YAML file ``path`` (a ``what`` file); a missing or malformed file is one ``error`` line."""
+    import yaml
+
+    p = Path(path)
+    try:
+        return yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what} file") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise error(f"{p}: unreadable ({' '.join(str(exc).split())[:160]})") from None
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TrainConfig fields of a YAML file (a flat mapping)."""
+    p = Path(path)
+    data = read_yaml(p, "configuration")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LearnError(f"{p}: expected a mapping of TrainConfig fields")
+    for k in ("lr", "weight_decay", "dropout", "max_noise"):
+        if isinstance(data.get(k), str):          # YAML 1.1 reads 1e-4 as a string
+            try:
+                data[k] = float(data[k])
+            except ValueError:
+                pass
+    return data

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import LearnError, TrainConfig
+from .config import LearnError, TrainConfig, read_yaml
 
 # Fields a search may not change: they define the data and the split the trials are compared on.
 FIXED_FIELDS = ("fidelity", "targets", "max_noise", "split", "holdout", "val_fraction", "test_fraction", "seed",
@@ -166,16 +166,7 @@ def parse_space(data: Any, origin: str = "search space") -> SearchSpace:
 
 def load_space(path: str | os.PathLike[str]) -> SearchSpace:
     """Read a search-space YAML file."""
-    import yaml
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SearchError(f"{p}: no such search-space file") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise SearchError(f"{p}: unreadable ({' '.join(str(exc).split())[:160]})") from None
-    return parse_space(data, str(p))
+    return parse_space(read_yaml(path, "search-space", SearchError), str(Path(path)))
 
 
 def default_space_path(fidelity: str) -> Path:
