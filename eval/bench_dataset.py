@@ -122,7 +122,7 @@ def rates(spec: DatasetSpec, sample: int, max_regions: int, workers: int) -> dic
     """Build a sample of the spec in a temporary folder and time each fidelity."""
     from hespas_ml.ingest.zoo.cache import cache_dir as zoo_dir
     from hespas_ml.label.dataset import load_dataset
-    from hespas_ml.label.targets import cache_dir
+    from hespas_ml.host import cache_dir
 
     progs = _sample(spec, sample)
     with tempfile.TemporaryDirectory(prefix="bench-dataset-") as tmp:

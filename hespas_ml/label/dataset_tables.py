@@ -30,10 +30,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..host import package_version
 from .dataset_cache import BuildCache, DatasetError
 
 FORMAT_VERSION = 1
@@ -49,13 +49,6 @@ PROGRAM_COLUMNS = ("source", "family", "status", "reason", "n_ops", "n_regions",
                    "n_skipped", "truncated", "seconds")
 TABLES = {"regions.parquet": REGION_COLUMNS, "labels.parquet": LABEL_COLUMNS, "graphs.parquet": GRAPH_COLUMNS,
           "programs.parquet": PROGRAM_COLUMNS, "targets.parquet": ("target", "ref", "fidelities")}
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
 
 
 def _atomic(path: Path, write) -> None:
@@ -179,9 +172,9 @@ def write_tables(spec, cache: BuildCache, hashes: list[str], run: dict[str, Any]
     summary = _summary(spec, programs_rows, prov, hashes, label_cols, run)
     manifest = {"format": FORMAT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "spec_path": str(spec.path), "spec": spec.raw, "split": spec.split,
-                "versions": {"hespas-ml": _version("hespas-ml"), "jax": _version("jax"),
-                             "scalesim": _version("scalesim"), "numpy": _version("numpy"),
-                             "pyarrow": _version("pyarrow"), "python": sys.version.split()[0],
+                "versions": {"hespas-ml": package_version("hespas-ml"), "jax": package_version("jax"),
+                             "scalesim": package_version("scalesim"), "numpy": package_version("numpy"),
+                             "pyarrow": package_version("pyarrow"), "python": sys.version.split()[0],
                              "platform": platform.platform()},
                 **summary}
     write_manifest(out, manifest)

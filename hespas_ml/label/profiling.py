@@ -53,7 +53,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .fidelity import FidelityError, Label
-from .targets import HOST_CPU, Target, cpu_model, package_version, schedulable_cores, cache_dir
+from ..host import cache_dir, cpu_model, package_version, schedulable_cores
+from .targets import HOST_CPU, Target
 
 CACHE_VERSION = 1
 MODULE_NAME = "region"            # every extracted module gets this name, so identical regions share a key

@@ -72,7 +72,8 @@ from .fidelity import FidelityError, Label
 from .roofline import TRANSCENDENTAL_FLOPS
 from .scalesim_worker import (ANALYTICAL, MODES, SIM_MODES, ArrayConfig, Budget, Gemm, analytical_cycles,
                               analytical_result, fits, run_isolated)
-from .targets import Systolic, Target, cache_dir
+from ..host import cache_dir, package_version
+from .targets import Systolic, Target
 
 CACHE_VERSION = 1
 GEMM_KINDS = frozenset({"dot_general", "dot", "convolution", "dynamic_conv", "ragged_dot"})
@@ -261,17 +262,9 @@ def passes(target: Target, dtype: str) -> float:
 
 # ------------------------------------------------------------------------------------------ caching
 
-def _scalesim_version() -> str:
-    from importlib import metadata
-    try:
-        return metadata.version("scalesim")
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def layer_key(gemm: Gemm, array: ArrayConfig, mode: str) -> dict[str, Any]:
     """Everything a layer's result in ``mode`` depends on."""
-    return {"v": CACHE_VERSION, "scalesim": _scalesim_version(), "mode": mode,
+    return {"v": CACHE_VERSION, "scalesim": package_version("scalesim"), "mode": mode,
             "gemm": [gemm.m, gemm.n, gemm.k], **array.key(mode)}
 
 

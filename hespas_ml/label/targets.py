@@ -34,7 +34,6 @@ import functools
 import hashlib
 import math
 import os
-import platform
 import re
 import tempfile
 import time
@@ -46,11 +45,11 @@ from typing import Any, Callable
 
 import yaml
 
+from ..host import cache_dir, cpu_model, package_version, schedulable_cores
 from ..ingest.errors import HespasError
 
 PRESET_DIR = Path(__file__).with_name("targets")
 HOST_CPU = "host-cpu"
-CACHE_ENV = "HESPAS_ML_CACHE"
 DATAFLOWS = ("ws", "os", "is")
 UNITS = ("matrix", "vector")
 
@@ -407,39 +406,6 @@ def load_target(name_or_path: str | os.PathLike[str]) -> Target:
 
 
 # ------------------------------------------------------------------------------------------- host cpu
-
-def cache_dir() -> Path:
-    """Where measured host figures are cached: ``$HESPAS_ML_CACHE`` or ``~/.cache/hespas-ml``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "hespas-ml"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
-def schedulable_cores() -> int:
-    """Cores this process may run on (what XLA's CPU thread pool sizes itself by)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def package_version(package: str) -> str:
-    """An installed package's version without importing it (importing jax is slow)."""
-    from importlib import metadata
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
 
 def _host_facts() -> dict[str, float]:
     """Memory size, last-level cache size and clock of this machine, where the OS tells them."""

@@ -146,7 +146,8 @@ class _Runner:
     """Times every configuration of a spec, reading and writing the per-configuration cache."""
 
     def __init__(self, spec: StudySpec, out: Path, progress: bool):
-        from ..label.targets import load_target, package_version
+        from ..host import package_version
+        from ..label.targets import load_target
 
         self.spec, self.out, self.progress = spec, out, progress
         self.cache = out / "cache"
@@ -164,7 +165,8 @@ class _Runner:
         return [program, hashlib.sha256(Path(program).read_bytes()).hexdigest()]
 
     def _target_id(self, name: str, fidelity: str) -> list[Any]:
-        from ..label.targets import HOST_CPU, cpu_model
+        from ..host import cpu_model
+        from ..label.targets import HOST_CPU
 
         t = self.targets[name]
         ident: list[Any] = [t.name, t.to_vector(), asdict(t.systolic) if t.systolic else None]
@@ -449,7 +451,7 @@ def log_study(spec: StudySpec, out: Path, metrics: dict[str, float], files: list
               tracking_uri: str | os.PathLike[str] | None = None, experiment: str = "studies") -> str:
     """One MLflow run: the spec's parameters, the summary metrics, the report, CSVs and spec as artifacts."""
     from ..learn.tracking import setup_mlflow
-    from ..label.targets import cpu_model, package_version
+    from ..host import cpu_model, package_version
 
     mlflow = setup_mlflow(tracking_uri, experiment=experiment)
     params = {

@@ -47,7 +47,8 @@ def measure_host_cpu(spec: StudySpec, out_csv: str | os.PathLike[str], *, measur
     other processes hits one round of several programs rather than every round of one); its step time is
     the lowest round median, which filters interference from other work on a shared machine."""
     from ..label.profiling import ProfilingFidelity
-    from ..label.targets import HOST_CPU, cpu_model, package_version, schedulable_cores
+    from ..host import cpu_model, package_version, schedulable_cores
+    from ..label.targets import HOST_CPU
 
     if not (measure_s > 0 and rounds >= 1 and min_repeats >= 1):
         raise MeasureError(f"{spec.path}: measuring needs measure_s > 0, rounds >= 1 and min_repeats >= 1")

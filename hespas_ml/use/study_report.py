@@ -243,7 +243,7 @@ def heatmap(fam: pd.DataFrame, families: Sequence[str]) -> str:
 # ------------------------------------------------------------------------------------------ page
 
 def _machine() -> str:
-    from ..label.targets import cpu_model, schedulable_cores
+    from ..host import cpu_model, schedulable_cores
     return f"{cpu_model()} ({schedulable_cores()} cores, {platform.machine()})"
 
 

@@ -57,6 +57,18 @@ def test_cache_key_follows_the_exporting_code(monkeypatch):
     assert cache.cache_key("mlp", params) != before
 
 
+def test_cache_key_follows_the_exporting_processor(monkeypatch):
+    """XLA:CPU partitions by the processor's features: a cache copied to another machine must miss."""
+    from hespas_ml import host
+    from hespas_ml.ingest.zoo import cache
+
+    params = parse_zoo_spec("zoo:mlp")[1]
+    before = cache.cache_key("mlp", params)
+    assert host.cpu_fingerprint() == host.cpu_fingerprint.__wrapped__()     # stable on one machine
+    monkeypatch.setattr(host, "cpu_fingerprint", lambda: "f" * 16)
+    assert cache.cache_key("mlp", params) != before
+
+
 @pytest.mark.parametrize("spec, message", [
     ("mlp", "a zoo spec starts with 'zoo:'"),
     ("zoo:", "names no family (known families: "),

@@ -6,7 +6,9 @@ Unnamed parameters take the family's defaults.
 
 Programs are exported by JAX in a fresh process (it needs its own fake host devices, and the
 calling process may already have initialised jax) and cached under ``$HESPAS_ML_CACHE/zoo``
-(default ``~/.cache/hespas-ml/zoo``), keyed by the canonical spec and the jax version.
+(default ``~/.cache/hespas-ml/zoo``), keyed by the canonical spec, the generator code, the jax version
+and the exporting processor. Same spec → same bytes on one machine; the compiler-partitioned forms
+(``parallel=*-partitioned``) are XLA:CPU's optimised programs and may differ between processors.
 
 Adding a family: write a module with a :class:`ZooEntry` (parameters + generator) and add it to
 :data:`ZOO` below.

@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ... import host
 from ..errors import IngestError
 from ..export import with_host_device_flag
 from . import ZOO, canonical_spec
@@ -26,16 +26,8 @@ EXPORT_TIMEOUT_S = 900
 
 
 def cache_dir() -> Path:
-    """Where exported zoo programs live: ``$HESPAS_ML_CACHE/zoo`` (default ``~/.cache/hespas-ml/zoo``)."""
-    root = os.environ.get("HESPAS_ML_CACHE") or str(Path.home() / ".cache" / "hespas-ml")
-    return Path(root).expanduser() / "zoo"
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """Where exported zoo programs live: ``<cache root>/zoo`` (see :func:`hespas_ml.host.cache_dir`)."""
+    return host.cache_dir() / "zoo"
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,10 +45,12 @@ def exporter_fingerprint() -> str:
 
 
 def cache_key(family: str, params: dict[str, Any]) -> str:
-    """Hash of the canonical spec, the family's generator version, the exporting code and jax/jaxlib."""
+    """Hash of the canonical spec, the family's generator version, the exporting code, jax/jaxlib and
+    the exporting processor."""
     ident = "|".join([canonical_spec(family, params), f"family-v{ZOO[family].version}",
-                      f"code={exporter_fingerprint()}",
-                      f"jax={_version('jax')}", f"jaxlib={_version('jaxlib')}", f"format={FORMAT_VERSION}"])
+                      f"code={exporter_fingerprint()}", f"cpu={host.cpu_fingerprint()}",
+                      f"jax={host.package_version('jax')}", f"jaxlib={host.package_version('jaxlib')}",
+                      f"format={FORMAT_VERSION}"])
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
@@ -89,7 +83,8 @@ def _write_entry(directory: Path, key: str, spec: str, data: str | bytes) -> Non
     raw = data if isinstance(data, bytes) else data.encode("utf-8")
     kind = "bytecode" if isinstance(data, bytes) else "text"
     meta = {"spec": spec, "kind": kind, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
-            "jax": _version("jax"), "jaxlib": _version("jaxlib"), "format": FORMAT_VERSION}
+            "jax": host.package_version("jax"), "jaxlib": host.package_version("jaxlib"),
+            "format": FORMAT_VERSION}
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(directory / f"{key}{'.mlirbc' if kind == 'bytecode' else '.mlir'}", raw)
