@@ -137,3 +137,16 @@ class OpGraph:
                 if src >= 0 and (not users[src] or users[src][-1] != op.id):
                     users[src].append(op.id)
         return users
+
+
+_last_users: list = [None, None, 0]          # graph, its users, len(graph.ops) when computed
+
+
+def program_users(graph: OpGraph) -> list[list[int]]:
+    """``graph.users()``, remembered for the last program asked about: splitting a program, hashing its
+    regions and predicting them all need it, and it costs a pass over every op."""
+    if _last_users[0] is graph and _last_users[2] == len(graph.ops):
+        return _last_users[1]
+    users = graph.users()
+    _last_users[:] = [graph, users, len(graph.ops)]
+    return users

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..ingest.graph import Op, OpGraph, TensorType
 from ..split.regions import Kernel, Region
-from ..split.signature import canonical_order, escaping_ops, region_signature
+from ..split.signature import canonical_order, escaping_ops, signature_and_order
 from .costs import op_cost
 
 RECORD_VERSION = 1
@@ -50,10 +50,12 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def region_record(region: Region, digest: str, users: list[list[int]]) -> dict[str, Any]:
-    """The JSON record of ``region`` (a compute region carrying its program's graph)."""
+def region_record(region: Region, digest: str, users: list[list[int]], order: list[int] | None = None
+                  ) -> dict[str, Any]:
+    """The JSON record of ``region`` (a compute region carrying its program's graph); ``order`` is its
+    :func:`~hespas_ml.split.signature.canonical_order` where the caller has it already."""
     ops = region.graph.ops
-    order = canonical_order(region)
+    order = canonical_order(region) if order is None else order
     index = {i: n for n, i in enumerate(order)}
     escapes = escaping_ops(region, users)
     kernel_of: dict[int, int] = {}
@@ -173,12 +175,12 @@ def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | N
         if (max_ops is not None and len(region.op_ids) > max_ops) or (skip_empty and _is_empty(region)):
             skipped += 1
             continue
-        digest = region_signature(region, users)
+        digest, order = signature_and_order(region, users)
         entry = out.get(digest)
         if entry is None:
             entry = out[digest] = {"occurrences": 0, "executions": 0}
             if with_records:
-                entry["record"] = region_record(region, digest, users)
+                entry["record"] = region_record(region, digest, users, order)
         entry["occurrences"] += 1
         entry["executions"] += region.count
     return {"n_ops": len(graph.ops), "n_regions": len(compute), "n_collectives": len(rg.collectives()),

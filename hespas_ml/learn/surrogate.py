@@ -195,9 +195,9 @@ class Surrogate:
         """Predictions for live compute regions (each carrying ``.graph``); identical regions (same
         :func:`~hespas_ml.split.signature.region_signature`) are featurised and predicted once."""
         from ..label.region_records import region_record
-        from ..split.signature import region_signature
+        from ..ingest.graph import program_users
+        from ..split.signature import signature_and_order
 
-        users_of: dict[int, list[list[int]]] = {}
         records: list[dict] = []
         by_digest: dict[str, dict] = {}
         for r in regions:
@@ -207,13 +207,11 @@ class Surrogate:
             graph = getattr(r, "graph", None)
             if graph is None:
                 raise LearnError(f"region {getattr(r, 'name', '?')}: carries no op graph (region.graph)")
-            users = users_of.get(id(graph))
-            if users is None:
-                users = users_of[id(graph)] = graph.users()
-            digest = region_signature(r, users)
+            users = program_users(graph)
+            digest, order = signature_and_order(r, users)
             rec = by_digest.get(digest)
             if rec is None:
-                rec = by_digest[digest] = region_record(r, digest, users)
+                rec = by_digest[digest] = region_record(r, digest, users, order)
             records.append(rec)
         return self.predict_records(records, target)
 

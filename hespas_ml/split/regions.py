@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ingest.errors import HespasError
-from ..ingest.graph import Op, OpGraph
+from ..ingest.graph import Op, OpGraph, program_users
 from ..label.costs import op_cost
 from .fusion import FREE_KINDS, fuse
 
@@ -124,7 +124,7 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
         raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
     ops = graph.ops
     costs = [op_cost(op) for op in ops]
-    users = graph.users()
+    users = program_users(graph)
     if split == "fusion":
         groups = fuse(graph, users)                       # list of op-id lists, each one kernel
     else:

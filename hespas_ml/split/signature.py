@@ -26,7 +26,7 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-from ..ingest.graph import Op, OpGraph
+from ..ingest.graph import Op, OpGraph, program_users
 
 SIGNATURE_VERSION = 1
 # Attribute keys that never enter the hash: they do not change what a kernel computes or moves.
@@ -35,20 +35,6 @@ IGNORED_ATTRS = frozenset({"channel_handle", "mhlo.frontend_attributes", "mhlo.s
                            "mhlo.backend_config", "metadata"})
 # Per opcode kind, attributes whose value is data rather than structure.
 IGNORED_KIND_ATTRS = {"constant": frozenset({"value"})}
-
-_users_cache: dict[int, tuple[OpGraph, list[list[int]]]] = {}
-
-
-def _users(graph: OpGraph) -> list[list[int]]:
-    """``graph.users()``, remembered for the last graph seen (regions of one program share it)."""
-    hit = _users_cache.get(id(graph))
-    if hit is not None and hit[0] is graph and len(hit[1]) == len(graph.ops):
-        return hit[1]
-    users = graph.users()
-    _users_cache.clear()
-    _users_cache[id(graph)] = (graph, users)
-    return users
-
 
 def _canon(value: Any) -> Any:
     """A JSON-able form of a decoded attribute value (tuples as lists, keys sorted by json)."""
@@ -80,7 +66,7 @@ def escaping_ops(region, users: list[list[int]] | None = None) -> set[int]:
     by nobody (a kernel writes those too)."""
     graph: OpGraph = region.graph
     if users is None:
-        users = _users(graph)
+        users = program_users(graph)
     members = set(region.op_ids)
     outputs = set(graph.outputs)
     return {i for i in region.op_ids
@@ -117,6 +103,10 @@ def canonical_order(region, labels: dict[int, str] | None = None) -> list[int]:
 
 def canonical_form(region, users: list[list[int]] | None = None) -> list[Any]:
     """The serialisable structure :func:`region_signature` hashes (useful to see why two hashes differ)."""
+    return _form_and_order(region, users)[0]
+
+
+def _form_and_order(region, users: list[list[int]] | None) -> tuple[list[Any], list[int]]:
     ops = region.graph.ops
     labels = {i: op_label(ops[i]) for i in region.op_ids}
     order = canonical_order(region, labels)
@@ -136,21 +126,27 @@ def canonical_form(region, users: list[list[int]] | None = None) -> list[Any]:
                 refs.append(["e", external.setdefault(key, len(external))])
         rows.append([labels[i], refs, i in escapes])
     kernels = sorted(sorted(index[i] for i in k.op_ids if i in index) for k in region.kernels)
-    return [SIGNATURE_VERSION, region.kind, rows, kernels]
+    return [SIGNATURE_VERSION, region.kind, rows, kernels], order
 
 
 def region_signature(region, users: list[list[int]] | None = None) -> str:
     """Hex SHA-256 (64 characters) of the region's canonical form. ``region.graph`` must be set; ``users``
     (``graph.users()``) may be passed to save recomputing it for each region of a program."""
+    return signature_and_order(region, users)[0]
+
+
+def signature_and_order(region, users: list[list[int]] | None = None) -> tuple[str, list[int]]:
+    """:func:`region_signature` and :func:`canonical_order` of ``region``, computed together (a region's
+    record needs both)."""
     if getattr(region, "graph", None) is None:
         raise ValueError(f"region {getattr(region, 'id', '?')} carries no op graph (region.graph)")
-    form = canonical_form(region, users)
-    return _sha(json.dumps(form, separators=(",", ":"), allow_nan=True))
+    form, order = _form_and_order(region, users)
+    return _sha(json.dumps(form, separators=(",", ":"), allow_nan=True)), order
 
 
 def signatures(regions: Sequence) -> list[str]:
     """:func:`region_signature` of several regions of one program."""
     if not regions:
         return []
-    users = _users(regions[0].graph)
+    users = program_users(regions[0].graph)
     return [region_signature(r, users) for r in regions]
