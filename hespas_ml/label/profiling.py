@@ -25,6 +25,12 @@ reach the caller, and a crash or hang of XLA costs one failed label. Regions are
 and every timing holds a file lock (``timing.lock`` under the cache folder) so that two processes on the
 machine never time at once.
 
+**Cores.** ``cores=N`` pins the CPU worker to N cores before jax starts (XLA:CPU then runs N threads);
+the default (None) leaves it every core. On this project's 2-vCPU machine, XLA's two-thread hand-offs
+made samples spread by ~18 % (median IQR / median) where one pinned core with 10 ms samples spread by
+~3 %: datasets/main.yaml labels with ``cores: 1``. The core count is part of the label's ``device`` (and
+so of the cache key).
+
 **Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
 GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
 :class:`FidelityError`.
@@ -54,6 +60,7 @@ from typing import Any, Sequence
 
 from .fidelity import FidelityError, Label
 from ..host import cache_dir, cpu_model, package_version, schedulable_cores
+from .profiling_worker import CORES_ENV
 from .targets import HOST_CPU, Target
 
 CACHE_VERSION = 1
@@ -94,7 +101,7 @@ class ProfilingFidelity:
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.002,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
-                 cache_max_noise: float = 0.10):
+                 cache_max_noise: float = 0.10, cores: int | None = None):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):
@@ -102,6 +109,9 @@ class ProfilingFidelity:
                 raise FidelityError(f"profiling: {key} must be a positive number, got {value!r}")
         if not (isinstance(min_repeats, int) and isinstance(max_repeats, int) and 1 <= min_repeats <= max_repeats):
             raise FidelityError(f"profiling: need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}")
+        if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):
+            raise FidelityError(f"profiling: cores must be a whole number >= 1 (or null: every core), got {cores!r}")
+        self.cores = cores
         self.budget_s = float(budget_s)
         self.measure_s = float(measure_s)
         self.min_repeats, self.max_repeats = min_repeats, max_repeats
@@ -168,7 +178,7 @@ class ProfilingFidelity:
         """The worker that runs on ``target``'s hardware; FidelityError if this machine is not it."""
         name = getattr(target, "name", str(target))
         if name == HOST_CPU:
-            return self._workers.setdefault("cpu", _Worker(self.lock_path(), platforms="cpu"))
+            return self._workers.setdefault("cpu", _Worker(self.lock_path(), platforms="cpu", cores=self.cores))
         worker = self._workers.setdefault("default", _Worker(self.lock_path(), platforms=None))
         try:
             info = worker.info()
@@ -243,7 +253,9 @@ class ProfilingFidelity:
     def _identity(self, worker: _Worker) -> dict[str, str]:
         """Backend, device and jax version the labels are measured on (the cache key's second half)."""
         if worker.platforms == "cpu":          # known without starting jax
-            return {"backend": "cpu", "device": f"cpu: {cpu_model()} ({schedulable_cores()} cores)",
+            cores = min(self.cores, schedulable_cores()) if self.cores else schedulable_cores()
+            pinned = " pinned" if self.cores else ""
+            return {"backend": "cpu", "device": f"cpu: {cpu_model()} ({cores}{pinned} cores)",
                     "jax_version": package_version("jax")}
         info = worker.info()
         return {"backend": info["backend"], "device": info["device_kind"], "jax_version": info["jax_version"]}
@@ -336,9 +348,10 @@ def _same_gpu(target_name: str, device_kind: str) -> bool:
 class _Worker:
     """The profiling worker process: started on first use, restarted after a kill or a crash."""
 
-    def __init__(self, lock_path: str, platforms: str | None):
+    def __init__(self, lock_path: str, platforms: str | None, cores: int | None = None):
         self.lock_path = lock_path
         self.platforms = platforms
+        self.cores = cores
         self.proc: subprocess.Popen | None = None
         self.stderr = None
         self.ready: dict[str, Any] | None = None
@@ -426,6 +439,9 @@ class _Worker:
             env["JAX_PLATFORMS"] = self.platforms
         else:
             env.pop("JAX_PLATFORMS", None)
+        env.pop(CORES_ENV, None)
+        if self.cores:
+            env[CORES_ENV] = str(self.cores)
         self.stderr = tempfile.TemporaryFile()
         self.starts += 1
         self._buffer, self._eof = b"", False

@@ -6,7 +6,7 @@ XLA crashing or hanging on a module cannot take the caller down (the caller kill
 Protocol (one JSON object per line; the worker's lines start with ``@@ `` so stray output of XLA is
 ignored):
 
-* worker → ``{"event": "ready", "backend", "device_kind", "platform_version", "jax_version",
+* worker → ``{"event": "ready", "backend", "device_kind", "cores", "platform_version", "jax_version",
   "overhead_s"}`` once jax is up (``overhead_s``: one execution of a trivial module, the dispatch cost
   every timed execution carries);
 * caller → ``{"id", "text", "lock", "lock_timeout_s", "measure_s", "min_repeats", "max_repeats",
@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
+CORES_ENV = "HESPAS_ML_PROFILE_CORES"     # set by the parent: run on that many cores (see pin_cores)
 TRIVIAL_MODULE = """func.func @main(%a: tensor<f32>) -> tensor<f32> {
   %0 = stablehlo.add %a, %a : tensor<f32>
   return %0 : tensor<f32>
@@ -219,7 +220,8 @@ class Profiler:
         self.overhead_s = self._overhead()
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.backend.platform, "device_kind": self.device.device_kind,
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return {"backend": self.backend.platform, "device_kind": self.device.device_kind, "cores": cores,
                 "platform_version": self.backend.platform_version, "jax_version": self.jax.__version__,
                 "overhead_s": self.overhead_s}
 
@@ -310,10 +312,20 @@ class TimingLock:
             self.fd = None
 
 
+def pin_cores(env: str = CORES_ENV) -> None:
+    """Run on the first N cores this process may use (N from ``$HESPAS_ML_PROFILE_CORES``), before jax
+    starts: XLA:CPU sizes its thread pool by them."""
+    wanted = os.environ.get(env)
+    if wanted and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:max(1, int(wanted))])
+
+
 def main() -> None:
     from ..ingest.bytecode_check import die_with_parent
 
     die_with_parent()
+    pin_cores()
     profiler = Profiler()
     send({"event": "ready", **profiler.describe()})
     for line in sys.stdin:

@@ -108,6 +108,20 @@ def test_the_cache_avoids_re_timing(kernels, host):
     assert all(a.meta["cached"] for a in again)
 
 
+def test_pinned_cores_time_on_that_many_cores_and_key_the_cache_apart(kernels, host, tmp_path):
+    regions, labels, _, cache, _ = kernels
+    with ProfilingFidelity(cache=cache, cores=1, **FAST) as fid:
+        pinned = fid.label_regions(regions, host)
+        assert fid._workers["cpu"].info()["cores"] == 1            # the worker really runs on one core
+        assert fid.stats["cached"] == 0 and fid.stats["timed"] == 3  # every-core labels do not answer
+    assert all(label.status == "ok" and label.seconds > 0 for label in pinned)
+    assert all("(1 pinned cores)" in label.meta["device"] for label in pinned)
+    assert all("pinned" not in label.meta["device"] for label in labels)
+    for bad in (0, -2, 1.5, True, "1"):
+        with pytest.raises(FidelityError, match="cores must be a whole number"):
+            ProfilingFidelity(cores=bad)
+
+
 def test_labels_timed_under_too_much_noise_are_not_cached(kernels, host, tmp_path):
     regions = kernels[0]
     with ProfilingFidelity(cache=tmp_path / "c", cache_max_noise=1e-12, **FAST) as fid:
