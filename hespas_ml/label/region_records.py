@@ -26,7 +26,7 @@ import json
 import time
 from typing import Any
 
-from ..ingest.graph import Op, OpGraph, TensorType
+from ..ingest.graph import Op, OpGraph, TensorType, program_users
 from ..split.regions import Kernel, Region
 from ..split.signature import canonical_order, escaping_ops, signature_and_order
 from .costs import op_cost
@@ -161,7 +161,7 @@ def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | N
     t0 = time.perf_counter()
     graph = load_program(source)
     rg = split_program(graph, split)
-    users = graph.users()
+    users = program_users(graph)
     compute = rg.compute_regions()
     limit = caps.get("max_regions_per_program")
     truncated = limit is not None and len(compute) > limit
