@@ -26,10 +26,11 @@ and every timing holds a file lock (``timing.lock`` under the cache folder) so t
 machine never time at once.
 
 **Cores.** ``cores=N`` pins the CPU worker to N cores before jax starts (XLA:CPU then runs N threads);
-the default (None) leaves it every core. On this project's 2-vCPU machine, XLA's two-thread hand-offs
-made samples spread by ~18 % (median IQR / median) where one pinned core with 10 ms samples spread by
-~3 %: datasets/main.yaml labels with ``cores: 1``. The core count is part of the label's ``device`` (and
-so of the cache key).
+``cores=None`` leaves it every core. The default is one pinned core with 10 ms samples: on this project's
+2-vCPU machine XLA's two-thread hand-offs made samples spread by ~18 % (median IQR / median) where one
+pinned core with 10 ms samples spread by ~3 %, and labels a model learns from must repeat. The core count
+is part of the label's ``device`` (and so of the cache key). Whole-program measurements for studies
+(:mod:`hespas_ml.use.study_measure`) keep every core: they are the machine as it runs.
 
 **Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
 GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
@@ -89,6 +90,7 @@ class ProfilingFidelity:
     ``min_repeats`` / ``max_repeats``: samples taken at least (``measure_s`` permitting) / at most.
     ``target_noise``: sampling stops early once IQR / median is below it and the median has settled.
     ``sample_s``: the shortest sample (short regions are executed several times per sample).
+    ``cores``: pin the CPU worker to that many cores (default 1; None: every core; see **Cores** above).
     ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
     median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
     time. ``lock_timeout_s``: how long to wait for
@@ -99,9 +101,9 @@ class ProfilingFidelity:
     name = "profiling"
 
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
-                 max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.002,
+                 max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
-                 cache_max_noise: float = 0.10, cores: int | None = None):
+                 cache_max_noise: float = 0.10, cores: int | None = 1):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):

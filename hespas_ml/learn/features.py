@@ -147,6 +147,10 @@ class Featuriser:
         self._cache_size = cache_size
         self.estimator = Estimator()
 
+    def clear_cache(self) -> None:
+        """Forget every featurised region (frees memory; the next call featurises afresh)."""
+        self._cache.clear()
+
     # ------------------------------------------------------------------ per region (target-independent)
 
     def region(self, record: dict[str, Any]) -> RegionArrays:

@@ -38,7 +38,9 @@ def model_card(out, dataset, command: str) -> str:
              f"(early stopping and interval calibration), {out.split_sizes.get('test')} test (held out)", "",
              "## Model", "",
              f"* {c.ensemble}-member ensemble GNN, hidden {c.hidden}, {c.layers} layers, head {c.head_hidden}, "
-             f"pooling {','.join(c.pooling)}, residual over the `{c.base}` estimate: {c.residual}",
+             f"pooling {','.join(c.pooling)}, "
+             + (f"predicts the residual over the `{c.base}` estimate" if c.base
+                else "predicts log-seconds directly (the analytical estimates are inputs)"),
              f"* {n_params} parameters; {s.metrics.get('epochs_run')} epochs (best {s.metrics.get('best_epoch')}), "
              f"trained in {s.metrics.get('train_s', 0):.0f} s on CPU; interval: {100 * c.interval:.0f}% nominal", "",
              "## Metrics on the held-out test rows", "",

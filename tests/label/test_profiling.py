@@ -108,15 +108,21 @@ def test_the_cache_avoids_re_timing(kernels, host):
     assert all(a.meta["cached"] for a in again)
 
 
-def test_pinned_cores_time_on_that_many_cores_and_key_the_cache_apart(kernels, host, tmp_path):
+def test_one_pinned_core_by_default_and_every_core_keys_the_cache_apart(kernels, host, tmp_path):
     regions, labels, _, cache, _ = kernels
+    assert all("(1 pinned cores)" in label.meta["device"] for label in labels)      # the default
     with ProfilingFidelity(cache=cache, cores=1, **FAST) as fid:
-        pinned = fid.label_regions(regions, host)
+        fid.label_regions(regions, host)
+        assert fid.stats["cached"] == 3                              # cores=1 is the default's key
+    with ProfilingFidelity(cache=False, **FAST) as fid:
+        fid.label_regions(regions[:1], host)
         assert fid._workers["cpu"].info()["cores"] == 1            # the worker really runs on one core
-        assert fid.stats["cached"] == 0 and fid.stats["timed"] == 3  # every-core labels do not answer
-    assert all(label.status == "ok" and label.seconds > 0 for label in pinned)
-    assert all("(1 pinned cores)" in label.meta["device"] for label in pinned)
-    assert all("pinned" not in label.meta["device"] for label in labels)
+    with ProfilingFidelity(cache=cache, cores=None, **FAST) as fid:
+        every = fid.label_regions(regions, host)
+        assert fid._workers["cpu"].info()["cores"] == len(os.sched_getaffinity(0))
+        assert fid.stats["cached"] == 0 and fid.stats["timed"] == 3  # pinned labels do not answer
+    assert all(label.status == "ok" and label.seconds > 0 for label in every)
+    assert all("pinned" not in label.meta["device"] for label in every)
     for bad in (0, -2, 1.5, True, "1"):
         with pytest.raises(FidelityError, match="cores must be a whole number"):
             ProfilingFidelity(cores=bad)
