@@ -53,6 +53,17 @@ def test_featurisation_is_deterministic_and_batch_equals_single(smoke_ds):
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
+def test_the_cache_answers_by_hash_until_cleared(smoke_ds):
+    records = _records(smoke_ds)[:5]
+    f = Featuriser()
+    first = f.regions(records)
+    assert all(a is b for a, b in zip(f.regions(records), first))          # same objects: from the cache
+    f.clear_cache()
+    again = f.regions(records)
+    assert all(a is not b for a, b in zip(again, first))                 # featurised afresh
+    assert all(np.array_equal(a.x, b.x) for a, b in zip(again, first))
+
+
 def test_dot_attributes_are_its_gemm_dimensions(smoke_ds):
     f = Featuriser()
     seen = 0
