@@ -7,10 +7,11 @@ from collections import Counter
 
 import pytest
 
-from hespas_ml.ingest import IngestError, OpGraph, load_program
+from hespas_ml.ingest import IngestError
 from hespas_ml.ingest.zoo import ZOO, canonical_spec, parse_zoo_spec, zoo_program
 from hespas_ml.ingest.zoo.cache import cache_key, export_in_subprocess
 from hespas_ml.label.costs import graph_cost
+from tests.ingest.zoo_checks import kinds, load
 
 MICRO = ("gemm", "bgemm", "conv", "eltwise", "reduce", "softmax", "layernorm", "attention")
 SMALL_RESNET = "depth=18&width=0.125&image=32&batch=8"
@@ -21,19 +22,6 @@ def private_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HESPAS_ML_CACHE", str(tmp_path_factory.mktemp("hespas-cache")))
         yield
-
-
-def load(spec: str) -> OpGraph:
-    """Ingest a zoo program, insisting that nothing in it is unknown to ingest or the cost model."""
-    g = load_program(spec)
-    assert g.warnings == [], g.warnings
-    cost = graph_cost(g)
-    assert cost["unmodelled"] == {}, cost["unmodelled"]
-    return g
-
-
-def kinds(g: OpGraph, kind: str):
-    return [op for op in g.ops if op.kind == kind]
 
 
 def types(ops, which: str = "operand_types") -> list[str]:

@@ -6,13 +6,14 @@ import time
 
 import pytest
 
-from hespas_ml.ingest import IngestError, OpGraph, TensorType, load_program
+from hespas_ml.ingest import IngestError, OpGraph, TensorType
 from hespas_ml.ingest.zoo import ZOO, parse_zoo_spec, zoo_program
 from hespas_ml.ingest.zoo import llama as llama_family
 from hespas_ml.ingest.zoo import moe as moe_family
 from hespas_ml.ingest.zoo import vit as vit_family
 from hespas_ml.ingest.zoo.cache import export_in_subprocess
 from hespas_ml.label.costs import graph_cost
+from tests.ingest.zoo_checks import kinds, load, matrix_flops
 
 # small configurations: d_model 64, 4 heads (head size 16)
 LLAMA = "zoo:llama?layers=2&d_model=64&heads=4&kv_heads=2&ffn=128&vocab=256&seq=16&batch=8"
@@ -21,24 +22,8 @@ MOE = "zoo:moe?layers=2&d_model=64&heads=4&experts=4&top_k=2&ffn=128&vocab=256&s
 ALL_DEVICES = [[0, 1, 2, 3]]
 
 
-def load(spec: str) -> OpGraph:
-    """Ingest a zoo program and check it is clean: no warnings, every op kind modelled."""
-    g = load_program(spec)
-    assert g.warnings == [], g.warnings
-    assert graph_cost(g)["unmodelled"] == {}
-    return g
-
-
-def kinds(g: OpGraph, kind: str):
-    return [op for op in g.ops if op.kind == kind]
-
-
 def executions(g: OpGraph, kind: str) -> int:
     return sum(op.count for op in kinds(g, kind))
-
-
-def matrix_flops(g: OpGraph) -> float:
-    return graph_cost(g)["flops_by_unit"]["matrix"]
 
 
 def inputs_numel(g: OpGraph, n: int) -> int:

@@ -6,12 +6,13 @@ from collections import Counter
 
 import pytest
 
-from hespas_ml.ingest import IngestError, OpGraph, TensorType, load_program
+from hespas_ml.ingest import IngestError, TensorType
 from hespas_ml.ingest.zoo import ZOO, canonical_spec, parse_zoo_spec, zoo_program
 from hespas_ml.ingest.zoo import dlrm as dlrm_family
 from hespas_ml.ingest.zoo import unet as unet_family
 from hespas_ml.ingest.zoo.cache import export_in_subprocess
 from hespas_ml.label.costs import graph_cost
+from tests.ingest.zoo_checks import kinds, load, matrix_flops
 
 # depth 3 (16, 8, 4 pixels), 8-16-32 channels, group norm of 4 groups
 UNET = "zoo:unet?depth=3&base=8&image=16&in_channels=3&classes=4&batch=4&groups=4"
@@ -25,22 +26,6 @@ def private_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HESPAS_ML_CACHE", str(tmp_path_factory.mktemp("hespas-cache")))
         yield
-
-
-def load(spec: str) -> OpGraph:
-    """Ingest a zoo program, insisting that nothing in it is unknown to ingest or the cost model."""
-    g = load_program(spec)
-    assert g.warnings == [], g.warnings
-    assert graph_cost(g)["unmodelled"] == {}
-    return g
-
-
-def kinds(g: OpGraph, kind: str):
-    return [op for op in g.ops if op.kind == kind]
-
-
-def matrix_flops(g: OpGraph) -> float:
-    return graph_cost(g)["flops_by_unit"]["matrix"]
 
 
 def t(*shape_and_dtype) -> TensorType:
