@@ -27,13 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hespas_ml.label.dataset_labels import program_regions  # noqa: E402
+from hespas_ml.label.dataset_spec import COMMON_FIDELITY_KEYS  # noqa: E402
 from hespas_ml.label.dataset_tables import load_dataset  # noqa: E402
 from hespas_ml.label.profiling import ProfilingFidelity  # noqa: E402
 from hespas_ml.label.targets import load_target  # noqa: E402
 from hespas_ml.learn.tables import label_rows  # noqa: E402
-
-OPTIONS = ("cores", "budget_s", "measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise")
-
 
 def agreement(new: np.ndarray, old: np.ndarray) -> dict[str, float]:
     ok = np.isfinite(new) & np.isfinite(old) & (old > 0)
@@ -55,7 +53,8 @@ def main() -> int:
 
     ds = load_dataset(args.dataset)
     spec = ds.manifest.get("spec", {})
-    options = {k: v for k, v in ((spec.get("fidelities") or {}).get("profiling") or {}).items() if k in OPTIONS}
+    entry = (spec.get("fidelities") or {}).get("profiling") or {}
+    options = {k: v for k, v in entry.items() if k not in COMMON_FIDELITY_KEYS}    # the fidelity's own options
     rows = label_rows(ds, "profiling", ["host-cpu"])
     rows = rows[rows["seconds"] < args.max_seconds]
     rng = np.random.default_rng(args.seed)

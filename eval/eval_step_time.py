@@ -28,6 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hespas_ml.label.dataset_spec import COMMON_FIDELITY_KEYS  # noqa: E402
 from hespas_ml.pipeline import simulate  # noqa: E402
 
 LLAMA = "zoo:llama?layers=2&vocab=8192"
@@ -57,7 +58,7 @@ def labeller_options(fidelity: str) -> dict:
                                  memory_bytes=int(float(spec.get("memory_gb", 2.0)) * 2**30)),
                 "mode": spec.get("mode", "auto")}
     if fidelity == "profiling":
-        return {k: spec[k] for k in ("budget_s", "measure_s", "sample_s", "cores") if k in spec}
+        return {k: v for k, v in spec.items() if k not in COMMON_FIDELITY_KEYS}
     return {}
 
 
@@ -72,9 +73,9 @@ def main() -> int:
     rows = []
     for fidelity in args.fidelities:
         options = labeller_options(fidelity)
-        runs = max(1, args.labeller_runs) if fidelity == "profiling" else 1
-        if fidelity == "profiling":
-            options = {**options, "cache": False}
+        runs = 1
+        if fidelity == "profiling":               # a measurement: several uncached runs
+            runs, options = max(1, args.labeller_runs), {**options, "cache": False}
         for program, target, system in CASES[fidelity]:
             t = time.perf_counter()
             truths = sorted((simulate(program, target, system, fidelity=fidelity, fidelity_options=options)
