@@ -149,7 +149,8 @@ class Surrogate:
         net = self._require_net()
         if torch.get_num_threads() > self.config.threads:
             torch.set_num_threads(self.config.threads)
-        net.eval()
+        if net.training:
+            net.eval()
         n = len(arrays)
         mean, std, base = np.zeros(n), np.zeros(n), np.zeros(n)
         columns = torch.from_numpy(self._columns)
@@ -193,13 +194,17 @@ class Surrogate:
 
     def predict_regions(self, regions: Sequence, target) -> Prediction:
         """Predictions for live compute regions (each carrying ``.graph``); identical regions (same
-        :func:`~hespas_ml.split.signature.region_signature`) are featurised and predicted once."""
+        :func:`~hespas_ml.split.signature.region_signature`) are featurised and predicted once, and a
+        region featurised by an earlier call (another target, another program) is not recorded again."""
         from ..label.region_records import region_record
         from ..ingest.graph import program_users
         from ..split.signature import signature_and_order
 
-        records: list[dict] = []
-        by_digest: dict[str, dict] = {}
+        self._require_net()
+        if not regions:
+            return self.calibration.predict(np.zeros(0), np.zeros(0), np.zeros(0))
+        digests: list[str] = []
+        first: dict[str, tuple] = {}                  # digest -> (region, its program's users, canonical order)
         for r in regions:
             if getattr(r, "kind", "compute") != "compute":
                 raise LearnError(f"region {getattr(r, 'name', '?')}: a {r.kind} region; surrogates predict "
@@ -209,11 +214,14 @@ class Surrogate:
                 raise LearnError(f"region {getattr(r, 'name', '?')}: carries no op graph (region.graph)")
             users = program_users(graph)
             digest, order = signature_and_order(r, users)
-            rec = by_digest.get(digest)
-            if rec is None:
-                rec = by_digest[digest] = region_record(r, digest, users, order)
-            records.append(rec)
-        return self.predict_records(records, target)
+            digests.append(digest)
+            first.setdefault(digest, (r, users, order))
+        unique = list(first)
+        arrays = self.featuriser.regions_for(unique, lambda h: region_record(first[h][0], h, *first[h][1:]))
+        mean, std, base = self._predict_arrays(arrays, resolve_target(target))
+        position = {h: i for i, h in enumerate(unique)}
+        where = np.fromiter((position[h] for h in digests), dtype=np.int64, count=len(digests))
+        return self.calibration.predict(mean[where], std[where], base[where])
 
     # ------------------------------------------------------------------ evaluation
 

@@ -125,6 +125,12 @@ def test_predict_regions_dedups_live_regions_and_matches_records(learned, smoke_
     assert np.allclose(pred.seconds, again.seconds)
     first = {d: pred.seconds[i] for i, d in reversed(list(enumerate(digests)))}
     assert all(pred.seconds[i] == first[d] for i, d in enumerate(digests))
+    # another target: the regions featurised above are answered from the featuriser's cache
+    cached = {d: model.featuriser._cache[d] for d in digests}
+    other = model.predict_regions(regions, "TPUv3")
+    assert all(model.featuriser._cache[d] is a for d, a in cached.items())
+    assert np.allclose(other.seconds, model.predict_records(records, "TPUv3").seconds)
+    assert not np.allclose(other.seconds, pred.seconds)
 
 
 def test_bad_requests_are_clean_errors(smoke_ds, learned, tiny_config):
