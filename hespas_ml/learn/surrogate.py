@@ -12,6 +12,7 @@ history and validation figures). No pickle.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -259,7 +260,8 @@ class Surrogate:
         meta = {"format": FORMAT, "kind": KIND, "config": self.config.to_dict(),
                 "vocabulary": self.featuriser.vocabulary, "node_features": list(NODE_FEATURES),
                 "edge_features": list(EDGE_FEATURES), "region_features": list(REGION_FEATURES),
-                "row_features": row_feature_names(self.config), "calibration": self.calibration.to_dict(),
+                "row_features": row_feature_names(self.config), "base": self.config.base,
+                "calibration": self.calibration.to_dict(),
                 "trained_on": self.trained_on, "torch": torch.__version__}
         (out / META).write_text(json.dumps(meta, indent=1))
         (out / METRICS).write_text(json.dumps(self.metrics, indent=1, default=float))
@@ -283,6 +285,12 @@ class Surrogate:
         if meta.get("format") != FORMAT:
             raise LearnError(f"{meta_path}: format {meta.get('format')!r}, this version reads format {FORMAT}")
         config = TrainConfig.from_dict(meta.get("config"), str(meta_path))
+        if "base" in meta and meta["base"] != config.base:
+            # residual_base "auto" resolved differently when it was trained: keep what the weights learned
+            if meta["base"] not in (None, "roofline", "systolic"):
+                raise LearnError(f"{meta_path}: unknown residual base {meta['base']!r}")
+            config = dataclasses.replace(config, residual=meta["base"] is not None,
+                                         residual_base=meta["base"] or "none")
         expected = {"node_features": list(NODE_FEATURES), "edge_features": list(EDGE_FEATURES),
                     "region_features": list(REGION_FEATURES), "row_features": row_feature_names(config)}
         for key, want in expected.items():

@@ -67,6 +67,32 @@ def test_save_load_gives_identical_predictions_quickly(smoke_ds, learned, tmp_pa
     assert loaded.config == model.config
 
 
+def test_a_saved_model_keeps_the_estimate_it_learned_over(smoke_ds, tiny_config, tmp_path):
+    """``residual_base: auto`` may resolve differently in a later version: the base recorded at save time
+    wins, so the weights keep meaning what they were trained to mean."""
+    model = Surrogate(tiny_config(epochs=2)).fit(smoke_ds)
+    assert model.config.residual_base == "auto" and model.config.base == "roofline"
+    records = [smoke_ds.region_graph(h) for h in smoke_ds.regions["hash"][:30]]
+    before = model.predict_records(records, "H100").seconds
+    folder = model.save(tmp_path / "m")
+    meta = json.loads((folder / "surrogate.json").read_text())
+    assert meta["base"] == "roofline"
+    meta["config"]["residual_base"] = "none"          # as if "auto" now meant "predict log-seconds directly"
+    (folder / "surrogate.json").write_text(json.dumps(meta))
+    loaded = Surrogate.load(folder)
+    assert loaded.config.base == "roofline"
+    assert np.allclose(loaded.predict_records(records, "H100").seconds, before)
+    del meta["base"]                                   # a file from before the base was recorded
+    (folder / "surrogate.json").write_text(json.dumps(meta))
+    older = Surrogate.load(folder)
+    assert older.config.base is None
+    assert not np.allclose(older.predict_records(records, "H100").seconds, before)
+    meta["base"] = "magic"
+    (folder / "surrogate.json").write_text(json.dumps(meta))
+    with pytest.raises(LearnError, match="unknown residual base 'magic'"):
+        Surrogate.load(folder)
+
+
 def test_corrupt_or_mismatched_checkpoints_are_one_line_errors(learned, tmp_path):
     model, _ = learned
     good = model.save(tmp_path / "good")
