@@ -576,26 +576,38 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
+_HOST_TARGETS: dict[str, tuple[tuple[int, int], Target]] = {}   # cache file -> ((mtime, size), its Target)
+
+
 def measure_host_cpu(force: bool = False) -> Target:
     """The host-cpu target with figures measured through XLA on this machine, cached per machine.
 
     The cache file (YAML, under :func:`cache_dir`) is keyed by cpu model, schedulable core count and jax
-    version. A cached result is reused unless ``force``; a corrupt cache file is re-measured with a
-    warning. If the measurement itself fails, a warning is issued and the fallback values of
+    version. A cached result is reused unless ``force`` (parsed once per process while the file is
+    unchanged); a corrupt cache file is re-measured with a warning. If the measurement itself fails, a warning is issued and the fallback values of
     ``host-cpu.yaml`` are returned (and nothing is cached).
     """
-    fallback_path = PRESET_DIR / f"{HOST_CPU}.yaml"
-    fallback = _read_yaml(fallback_path)
     model, cores, version, key = _host_key()
     path = _host_cache_path(key)
-    if not force and path.exists():
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None
+    if not force and stamp is not None:
+        hit = _HOST_TARGETS.get(str(path))
+        if hit is not None and hit[0] == stamp:          # parsed before in this process, file unchanged
+            return hit[1]
         try:
             cached = target_from_mapping(_read_yaml(path), str(path))
             if cached.measured.get("key") != key:
                 raise TargetError(f"{path}: key 'measured.key' does not match {key!r}")
+            _HOST_TARGETS[str(path)] = (stamp, cached)
             return cached
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with the cache, measure again
             warnings.warn(f"corrupt host-cpu cache, re-measuring: {exc}", RuntimeWarning, stacklevel=2)
+    fallback_path = PRESET_DIR / f"{HOST_CPU}.yaml"
+    fallback = _read_yaml(fallback_path)
     try:
         bench = _run_host_benchmarks()
     except Exception as exc:  # noqa: BLE001 - no jax / no cpu backend: fall back, never crash

@@ -291,6 +291,22 @@ def test_host_cpu_measures_and_reuses_cache(host_cache: Path, monkeypatch: pytes
     assert m["benchmark_seconds"] < 30
 
 
+def test_host_cpu_cache_is_parsed_once_while_unchanged(host_cache: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (cached,) = host_cache.glob("host-cpu-*.yaml")
+    copy = tmp_path / cached.name
+    copy.write_text(cached.read_text())
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path))
+    first = load_target("host-cpu")
+    assert load_target("host-cpu") is first                     # the same parsed target, file unchanged
+    text = copy.read_text()
+    edited = text.replace(f"mem_bw: {first.mem_bw!r}", f"mem_bw: {first.mem_bw * 2!r}  # edited")
+    assert edited != text
+    copy.write_text(edited)                                      # changed on disk: read again
+    again = load_target("host-cpu")
+    assert again is not first and again.mem_bw == 2 * first.mem_bw
+
+
 def test_host_cpu_gemm_rate_predicts_an_xla_gemm(host_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The measured f32 matrix rate predicts an independent XLA GEMM within a factor of 3 (shared cores)."""
     import jax
