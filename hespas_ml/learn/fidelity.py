@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from ..label.fidelity import Label
 from .config import LearnError
+from .features import resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
 from .surrogate import Surrogate
 
@@ -81,11 +82,27 @@ class SurrogateFidelity:
     def label(self, region, target) -> Label:
         return self.label_regions([region], target)[0]
 
+    def check_target(self, target) -> None:
+        """Refuse, in one line, what the learned fidelity itself refuses: a SCALE-Sim surrogate needs systolic
+        arrays, and a profiling surrogate answers only for the machines whose timings it learned (profiling
+        measures the machine it runs on; one machine's timings say nothing about another's, and with a single
+        training target the hardware vector never varied, so the model could not even tell them apart)."""
+        name = target.name
+        if self.fidelity == "scalesim" and target.systolic is None:
+            raise LearnError(f"{self.name}: target {name} has no systolic arrays; the scalesim fidelity (and its "
+                             "surrogate) needs them")
+        if self.fidelity == "profiling" and self.trained_targets and name not in self.trained_targets:
+            raise LearnError(f"{self.name}: learned the profiling timings of {', '.join(sorted(self.trained_targets))}"
+                             f" only, not of {name} (profiling measures the machine it runs on; use --target "
+                             f"{sorted(self.trained_targets)[0]}, or another fidelity)")
+
     def label_regions(self, regions: Sequence, target) -> list[Label]:
         """One label per region, predicted in one batch (identical regions once)."""
         regions = list(regions)
         if not regions:
             return []
+        target = resolve_target(target)
+        self.check_target(target)
         pred = self.surrogate.predict_regions(regions, target)
         name = getattr(target, "name", str(target))
         seen = name in self.trained_targets if self.trained_targets else None

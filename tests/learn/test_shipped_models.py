@@ -70,6 +70,21 @@ def test_simulate_with_the_shipped_roofline_surrogate_gives_an_interval():
     assert res.step_time_s == pytest.approx(roof.step_time_s, rel=0.1)
 
 
+def test_surrogates_refuse_targets_their_fidelity_cannot_answer_for(regions):
+    """As the labellers do: SCALE-Sim needs systolic arrays, profiling measures only the machine it runs on
+    (the shipped profiling surrogate learned host-cpu timings and nothing else)."""
+    from hespas_ml.label.registry import get_fidelity
+
+    with pytest.raises(HespasError, match="H100 has no systolic arrays") as err:
+        get_fidelity("surrogate:scalesim").label_regions(regions, "H100")
+    assert "\n" not in str(err.value)
+    profiling = get_fidelity("surrogate:profiling")
+    with pytest.raises(HespasError, match="timings of host-cpu only, not of H100"):
+        profiling.label_regions(regions, "H100")
+    assert all(lab.status == "ok" for lab in profiling.label_regions(regions, "host-cpu"))
+    assert len(get_fidelity("surrogate:scalesim").label_regions(regions, "TPUv3")) == len(regions)
+
+
 def test_models_folder_can_be_moved_with_HESPAS_ML_MODELS(tmp_path, monkeypatch, regions):
     from hespas_ml.label.registry import get_fidelity
 
