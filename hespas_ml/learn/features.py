@@ -166,6 +166,7 @@ class Featuriser:
             key = record.get("hash") if isinstance(record, dict) else None
             hit = cache.get(key) if key is not None else None
             if hit is not None:
+                cache.move_to_end(key)                       # recently used: dropped last
                 out[i] = hit
             else:
                 todo.setdefault(key if key is not None else ("anon", i), []).append(i)
@@ -184,6 +185,8 @@ class Featuriser:
         """Like :meth:`regions` for region hashes; ``load(hash)`` (e.g. ``dataset.region_graph``) is
         called only for hashes not in the cache."""
         found = {h: self._cache[h] for h in dict.fromkeys(hashes) if h in self._cache}
+        for h in found:
+            self._cache.move_to_end(h)
         missing = [h for h in dict.fromkeys(hashes) if h not in found]
         if missing:
             found.update(zip(missing, self.regions([load(h) for h in missing])))

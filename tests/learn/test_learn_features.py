@@ -64,6 +64,21 @@ def test_the_cache_answers_by_hash_until_cleared(smoke_ds):
     assert all(np.array_equal(a.x, b.x) for a, b in zip(again, first))
 
 
+def test_the_cache_drops_the_least_recently_used_region(smoke_ds):
+    a, b, c = _records(smoke_ds)[:3]
+    f = Featuriser(cache_size=2)
+    first_a = f.region(a)
+    f.region(b)
+    assert f.region(a) is first_a                  # a used again: b is now the least recent
+    f.region(c)                                     # over the bound: b goes
+    assert list(f._cache) == [a["hash"], c["hash"]]
+
+    def not_called(h):
+        raise AssertionError(f"{h} should have come from the cache")
+    assert f.regions_for([a["hash"]], not_called)[0] is first_a     # by hash: a hit, now the most recent
+    assert list(f._cache) == [c["hash"], a["hash"]]
+
+
 def test_dot_attributes_are_its_gemm_dimensions(smoke_ds):
     f = Featuriser()
     seen = 0
