@@ -238,12 +238,17 @@ def split_work(work: GemmWork, systolic: Systolic) -> Split:
     return best[1]
 
 
+def require_systolic(target: Target) -> Systolic:
+    """``target``'s systolic arrays; FidelityError if it has none (the scalesim fidelity needs them)."""
+    if target.systolic is None:
+        raise FidelityError(f"target {target.name} has no systolic arrays; the scalesim fidelity needs them")
+    return target.systolic
+
+
 def array_config(target: Target, dtype: str) -> ArrayConfig:
     """One of ``target``'s arrays for elements of ``dtype``: SRAM sizes in kilo-elements and the array's
     share of the memory bandwidth in elements per cycle (SCALE-Sim counts words, one element each)."""
-    sa = target.systolic
-    if sa is None:
-        raise FidelityError(f"target {target.name} has no systolic arrays; the scalesim fidelity needs them")
+    sa = require_systolic(target)
     elem = max(1, int(DTYPE_BYTES.get(dtype, 4)))
     bandwidth = target.mem_bw / target.clock_hz / sa.count / elem
     return ArrayConfig(rows=sa.rows, cols=sa.cols, dataflow=sa.dataflow,
@@ -413,8 +418,7 @@ class ScaleSimFidelity:
 
     def label_regions(self, regions: Sequence, target: Target) -> list[Label]:
         """Labels of ``regions`` (compute regions carrying ``region.graph``) on ``target``."""
-        if target.systolic is None:
-            raise FidelityError(f"target {target.name} has no systolic arrays; the scalesim fidelity needs them")
+        require_systolic(target)
         plans = [self._plan(region, target) for region in regions]
         layers: dict[tuple[Gemm, ArrayConfig], _Layer] = {}
         for plan in plans:

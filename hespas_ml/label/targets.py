@@ -584,8 +584,8 @@ def measure_host_cpu(force: bool = False) -> Target:
 
     The cache file (YAML, under :func:`cache_dir`) is keyed by cpu model, schedulable core count and jax
     version. A cached result is reused unless ``force`` (parsed once per process while the file is
-    unchanged); a corrupt cache file is re-measured with a warning. If the measurement itself fails, a warning is issued and the fallback values of
-    ``host-cpu.yaml`` are returned (and nothing is cached).
+    unchanged); a corrupt cache file is re-measured with a warning. If the measurement itself fails, a
+    warning is issued and the fallback values of ``host-cpu.yaml`` are returned (and nothing is cached).
     """
     model, cores, version, key = _host_key()
     path = _host_cache_path(key)

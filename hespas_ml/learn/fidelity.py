@@ -19,7 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..label.fidelity import Label
+from ..label.fidelity import FidelityError, Label
+from ..label.scalesim import require_systolic
 from .config import LearnError
 from .features import resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
@@ -88,9 +89,11 @@ class SurrogateFidelity:
         measures the machine it runs on; one machine's timings say nothing about another's, and with a single
         training target the hardware vector never varied, so the model could not even tell them apart)."""
         name = target.name
-        if self.fidelity == "scalesim" and target.systolic is None:
-            raise LearnError(f"{self.name}: target {name} has no systolic arrays; the scalesim fidelity (and its "
-                             "surrogate) needs them")
+        if self.fidelity == "scalesim":
+            try:
+                require_systolic(target)
+            except FidelityError as exc:
+                raise LearnError(f"{self.name}: {exc}") from None
         if self.fidelity == "profiling" and self.trained_targets and name not in self.trained_targets:
             raise LearnError(f"{self.name}: learned the profiling timings of {', '.join(sorted(self.trained_targets))}"
                              f" only, not of {name} (profiling measures the machine it runs on; use --target "
@@ -104,8 +107,7 @@ class SurrogateFidelity:
         target = resolve_target(target)
         self.check_target(target)
         pred = self.surrogate.predict_regions(regions, target)
-        name = getattr(target, "name", str(target))
-        seen = name in self.trained_targets if self.trained_targets else None
+        seen = target.name in self.trained_targets if self.trained_targets else None
         coverage = self.surrogate.calibration.coverage
         roof = pred.roofline if len(pred.roofline) == len(pred.seconds) else None
         out = []
