@@ -39,6 +39,9 @@ def _tt(t: TensorType) -> list[Any]:
 
 
 def _jsonable(value: Any) -> Any:
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None:      # the common leaves, first
+        return value
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -70,7 +73,8 @@ def region_record(region: Region, digest: str, users: list[list[int]], order: li
         c = op_cost(op)
         nodes.append({"opcode": op.opcode, "kind": op.kind, "dtype": op.dtype,
                       "result_types": [_tt(t) for t in op.result_types],
-                      "operand_types": [_tt(t) for t in op.operand_types], "attrs": _jsonable(op.attrs),
+                      "operand_types": [_tt(t) for t in op.operand_types],
+                      "attrs": _jsonable(op.attrs) if op.attrs else {},
                       "unit": c.unit, "flops": c.flops, "transcendentals": c.transcendentals, "bytes": c.bytes,
                       "modelled": c.modelled, "kernel": kernel_of.get(i, 0), "output": i in escapes})
         for j, (p, t) in enumerate(zip(op.operands, op.operand_types)):

@@ -164,8 +164,10 @@ def conv_work(op: Op) -> list[GemmWork]:
                            int(lhs_dil[i]), int(rhs_dil[i])) for i in range(n_sp)]
     shapes: dict[tuple[int, int], int] = {}
     for combo in itertools.product(*per_dim):
-        m = batch_g * _prod(p[0] for p in combo)
-        k = cin_g * _prod(p[1] for p in combo)
+        m, k = batch_g, cin_g
+        for outputs, taps in combo:
+            m *= outputs
+            k *= taps
         shapes[(m, k)] = shapes.get((m, k), 0) + 1
     if min(cin_g, cout_g, batch_g) < 1:
         return []

@@ -87,18 +87,17 @@ class Estimator:
             g = np.concatenate([r.gemms for r in regions])
             kidx = g[:, 0].astype(np.int64) + np.repeat(koff, counts)
             count, m, nn, k = (np.maximum(g[:, j], 1.0) for j in (1, 2, 3, 4))
-            cycles = np.full(len(g), np.inf)
-            for b, n_ways, m_ways in _array_splits(sa.count):
-                per_array = np.ceil(count / np.minimum(b, count))
-                mm = np.ceil(m / np.minimum(m_ways, m))
-                nw = np.ceil(nn / np.minimum(n_ways, nn))
-                cycles = np.minimum(cycles, per_array * (_fold_rows(mm, nw, k, sa) - 1))
+            b, n_ways, m_ways = _array_splits(sa.count)                  # [splits, 1] each, against [gemms]
+            per_array = np.ceil(count / np.minimum(b, count))
+            mm = np.ceil(m / np.minimum(m_ways, m))
+            nw = np.ceil(nn / np.minimum(n_ways, nn))
+            cycles = (per_array * (_fold_rows(mm, nw, k, sa) - 1)).min(axis=0)
             dts = [reg.kernel_dtypes[int(ki)][0] for reg in regions for ki in reg.gemms[:, 0]]
             nominal = 2.0 * sa.macs_per_cycle * target.clock_hz
             ratio = np.asarray([nominal / self._peak(target, d, "matrix") for d in dts])
             nearest = np.round(ratio)
             passes = np.where((nearest >= 1) & (np.abs(ratio - nearest) <= 0.02 * ratio), nearest, ratio)
-            np.add.at(array_s, kidx, cycles * passes / target.clock_hz)
+            array_s = np.bincount(kidx, cycles * passes / target.clock_hz, len(array_s))
         kseconds = np.maximum(array_s + parts["_kvector"], parts["_kmemory"])
         # kernels whose matrix work is no GEMM (cholesky …) keep the roofline's matrix time
         kseconds = np.where((array_s == 0) & (parts["_kcompute"] > parts["_kvector"]),
@@ -120,10 +119,13 @@ def systolic_gemms(node: dict[str, Any], kernel: int, fallback: tuple[float, ...
 
 
 @lru_cache(maxsize=64)
-def _array_splits(arrays: int) -> tuple[tuple[int, int, int], ...]:
-    """Every (count ways, N ways, M ways) whose product is ``arrays``."""
+def _array_splits(arrays: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (count ways, N ways, M ways) whose product is ``arrays``, as three float columns [splits, 1]."""
     divisors = [d for d in range(1, arrays + 1) if arrays % d == 0]
-    return tuple((b, n, arrays // (b * n)) for b in divisors for n in divisors if (arrays // b) % n == 0)
+    splits = np.asarray([(b, n, arrays // (b * n)) for b in divisors for n in divisors if (arrays // b) % n == 0],
+                        dtype=np.float64)
+    splits.flags.writeable = False                                     # shared by every call (cached)
+    return splits[:, 0:1], splits[:, 1:2], splits[:, 2:3]
 
 
 def _fold_rows(m: np.ndarray, n: np.ndarray, k: np.ndarray, sa) -> np.ndarray:

@@ -146,6 +146,7 @@ class Featuriser:
         self._cache: OrderedDict[str, RegionArrays] = OrderedDict()
         self._cache_size = cache_size
         self.estimator = Estimator()
+        self._hardware: tuple[Target | None, np.ndarray] = (None, np.zeros(0))   # last target's vector
 
     def clear_cache(self) -> None:
         """Forget every featurised region (frees memory; the next call featurises afresh)."""
@@ -294,7 +295,9 @@ class Featuriser:
             np.log(roof), lg(parts["compute"]), lg(parts["memory"]), lg(parts["matrix"]), lg(parts["vector"]),
             parts["compute"] / np.maximum(parts["compute"] + parts["memory"], MIN_SECONDS),
             np.log(sys_s) - np.log(roof), np.minimum(roof / sys_s, 1.0)])
-        hw = hardware_vector(target)
+        if self._hardware[0] is not target:
+            self._hardware = (target, hardware_vector(target))
+        hw = self._hardware[1]
         out = np.concatenate([feats, np.broadcast_to(hw, (len(regions), len(hw)))], axis=1)
         return out.astype(np.float32), {"roofline": np.log(roof), "systolic": np.log(sys_s)}
 

@@ -144,7 +144,7 @@ class Surrogate:
         self._require_net()
         return self._predict_arrays(self.featuriser.regions(records), resolve_target(target), chunk)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _predict_arrays(self, arrays: Sequence[RegionArrays], target: Target, chunk: int = 512
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         net = self._require_net()
@@ -154,13 +154,11 @@ class Surrogate:
             net.eval()
         n = len(arrays)
         mean, std, base = np.zeros(n), np.zeros(n), np.zeros(n)
-        columns = torch.from_numpy(self._columns)
         for s in range(0, n, chunk):
             part = arrays[s:s + chunk]
             feats, est = self.featuriser.target_features(part, target)
             key = self.config.base or "roofline"
-            batch = collate_arrays(part, feats, est[key])
-            batch.rows = batch.rows[:, columns]
+            batch = collate_arrays(part, feats[:, self._columns], est[key])
             out = net.to_log_seconds(net(batch).double(), torch.from_numpy(est[key]),
                                      self.config.base is not None).numpy()
             m, sd = member_stats(out)

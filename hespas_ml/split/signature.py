@@ -38,6 +38,9 @@ IGNORED_KIND_ATTRS = {"constant": frozenset({"value"})}
 
 def _canon(value: Any) -> Any:
     """A JSON-able form of a decoded attribute value (tuples as lists, keys sorted by json)."""
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None:      # the common leaves, first
+        return value
     if isinstance(value, dict):
         return {str(k): _canon(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -51,14 +54,21 @@ def _canon(value: Any) -> Any:
 
 def structural_attrs(op: Op) -> dict[str, Any]:
     """The attributes of ``op`` that change its computation (see :data:`IGNORED_ATTRS`), canonicalised."""
+    if not op.attrs:
+        return {}
     skip = IGNORED_KIND_ATTRS.get(op.kind, frozenset())
     return {k: _canon(v) for k, v in sorted(op.attrs.items()) if k not in IGNORED_ATTRS and k not in skip}
 
 
+# one encoder for every label and form (json.dumps with options builds a new one per call)
+_LABEL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=True).encode
+_FORM_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+
+
 def op_label(op: Op) -> str:
     """The local part of an op's identity: opcode, types and structural attributes."""
-    return json.dumps([op.opcode, [str(t) for t in op.operand_types], [str(t) for t in op.result_types],
-                       structural_attrs(op)], sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return _LABEL_JSON([op.opcode, [str(t) for t in op.operand_types], [str(t) for t in op.result_types],
+                        structural_attrs(op)])
 
 
 def escaping_ops(region, users: list[list[int]] | None = None) -> set[int]:
@@ -141,7 +151,7 @@ def signature_and_order(region, users: list[list[int]] | None = None) -> tuple[s
     if getattr(region, "graph", None) is None:
         raise ValueError(f"region {getattr(region, 'id', '?')} carries no op graph (region.graph)")
     form, order = _form_and_order(region, users)
-    return _sha(json.dumps(form, separators=(",", ":"), allow_nan=True)), order
+    return _sha(_FORM_JSON(form)), order
 
 
 def signatures(regions: Sequence) -> list[str]:
