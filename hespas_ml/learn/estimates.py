@@ -52,10 +52,10 @@ class Estimator:
             z = np.zeros(len(regions))
             return {"roofline": z, "compute": z, "memory": z, "matrix": z, "vector": z}
         kern = np.concatenate([r.kernels for r in regions])
-        mpeak = np.fromiter((self._peak(target, md, "matrix") for r in regions for md, _ in r.kernel_dtypes),
-                            dtype=np.float64, count=len(seg))
-        vpeak = np.fromiter((self._peak(target, vd, "vector") for r in regions for _, vd in r.kernel_dtypes),
-                            dtype=np.float64, count=len(seg))
+        dtypes = [pair for r in regions for pair in r.kernel_dtypes]        # (matrix, vector) per kernel
+        peak = {pair: (self._peak(target, pair[0], "matrix"), self._peak(target, pair[1], "vector"))
+                for pair in set(dtypes)}
+        mpeak, vpeak = np.array([peak[pair] for pair in dtypes], dtype=np.float64).reshape(-1, 2).T
         matrix = kern[:, 0] / mpeak
         vector = kern[:, 1] / vpeak
         compute = matrix + vector
@@ -64,7 +64,7 @@ class Estimator:
         return {"roofline": np.bincount(seg, np.maximum(compute, memory), n),
                 "compute": np.bincount(seg, compute, n), "memory": np.bincount(seg, memory, n),
                 "matrix": np.bincount(seg, matrix, n), "vector": np.bincount(seg, vector, n),
-                "_seg": seg, "_kcompute": compute, "_kmemory": memory, "_kvector": vector}
+                "_seg": seg, "_kcompute": compute, "_kmemory": memory, "_kvector": vector, "_kmpeak": mpeak}
 
     def systolic_seconds(self, regions: Sequence[Any], target: Target,
                          parts: dict[str, np.ndarray]) -> np.ndarray:
@@ -92,9 +92,8 @@ class Estimator:
             mm = np.ceil(m / np.minimum(m_ways, m))
             nw = np.ceil(nn / np.minimum(n_ways, nn))
             cycles = (per_array * (_fold_rows(mm, nw, k, sa) - 1)).min(axis=0)
-            dts = [reg.kernel_dtypes[int(ki)][0] for reg in regions for ki in reg.gemms[:, 0]]
             nominal = 2.0 * sa.macs_per_cycle * target.clock_hz
-            ratio = np.asarray([nominal / self._peak(target, d, "matrix") for d in dts])
+            ratio = nominal / parts["_kmpeak"][kidx]                # the GEMM's kernel's matrix dtype
             nearest = np.round(ratio)
             passes = np.where((nearest >= 1) & (np.abs(ratio - nearest) <= 0.02 * ratio), nearest, ratio)
             array_s = np.bincount(kidx, cycles * passes / target.clock_hz, len(array_s))

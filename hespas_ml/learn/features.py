@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Data
 
 from ..label.costs import KNOWN_OPS
 from ..label.roofline import TRANSCENDENTAL_FLOPS
@@ -430,21 +430,23 @@ def region_data(arrays: RegionArrays, feats: np.ndarray, base: np.ndarray, y: np
 
 
 def collate_arrays(regions: Sequence[RegionArrays], feats: np.ndarray, base: np.ndarray) -> Data:
-    """The batch of ``regions`` with one row each (row ``i`` belongs to graph ``i``)."""
+    """The batch of ``regions`` with one row each (row ``i`` belongs to graph ``i``): one PyG ``Data``
+    holding the disjoint union of the graphs and the ``batch`` vector (what a ``Batch`` holds for the
+    network, without the bookkeeping that splits it back into graphs, which prediction never does)."""
     sizes = np.fromiter((len(r.op) for r in regions), dtype=np.int64, count=len(regions))
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     esizes = np.fromiter((r.edge_index.shape[1] for r in regions), dtype=np.int64, count=len(regions))
     ei = np.concatenate([r.edge_index for r in regions], axis=1) + np.repeat(offsets, esizes)
-    return Batch(x=torch.from_numpy(np.concatenate([r.x for r in regions])),
-                 op=torch.from_numpy(np.concatenate([r.op for r in regions])),
-                 edge_index=torch.from_numpy(ei),
-                 edge_attr=torch.from_numpy(np.concatenate([r.edge_attr for r in regions])),
-                 region=torch.from_numpy(np.stack([r.region for r in regions])),
-                 rows=torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)),
-                 base=torch.from_numpy(np.asarray(base, dtype=np.float32)),
-                 row_graph=torch.arange(len(regions)),
-                 batch=torch.from_numpy(np.repeat(np.arange(len(regions)), sizes)),
-                 num_graphs=len(regions))
+    return Data(x=torch.from_numpy(np.concatenate([r.x for r in regions])),
+                op=torch.from_numpy(np.concatenate([r.op for r in regions])),
+                edge_index=torch.from_numpy(ei),
+                edge_attr=torch.from_numpy(np.concatenate([r.edge_attr for r in regions])),
+                region=torch.from_numpy(np.stack([r.region for r in regions])),
+                rows=torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)),
+                base=torch.from_numpy(np.asarray(base, dtype=np.float32)),
+                row_graph=torch.arange(len(regions)),
+                batch=torch.from_numpy(np.repeat(np.arange(len(regions)), sizes)),
+                num_graphs=len(regions))
 
 
 def hardware_vector(target: Target) -> np.ndarray:

@@ -125,6 +125,7 @@ class Standardise(nn.Module):
         self.register_buffer("std", torch.ones(dim))
         self.register_buffer("lo", torch.full((dim,), -math.inf))
         self.register_buffer("hi", torch.full((dim,), math.inf))
+        self.clamps = False              # whether any column has bounds (else forward skips the clamp)
 
     def fit(self, x: Tensor, clamp: Tensor | None = None) -> None:
         """Statistics of ``x`` ([rows, dim]); ``clamp`` ([dim] bool) marks the columns to clamp."""
@@ -137,15 +138,19 @@ class Standardise(nn.Module):
         if clamp is not None:
             self.lo.copy_(torch.where(clamp, x.min(0).values.float(), torch.full_like(self.lo, -math.inf)))
             self.hi.copy_(torch.where(clamp, x.max(0).values.float(), torch.full_like(self.hi, math.inf)))
+        self.clamps = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
     def forward(self, x: Tensor) -> Tensor:
-        return (torch.clamp(x, self.lo, self.hi) - self.mean) / self.std
+        if self.clamps:
+            x = torch.clamp(x, self.lo, self.hi)
+        return (x - self.mean) / self.std
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # models saved before clamping existed have no bounds: they load unclamped, as they were trained
         for name, fill in (("lo", -math.inf), ("hi", math.inf)):
             state_dict.setdefault(prefix + name, torch.full_like(getattr(self, name), fill))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.clamps = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
 
 class SurrogateNet(nn.Module):
@@ -176,13 +181,14 @@ class SurrogateNet(nn.Module):
     def forward(self, data) -> Tensor:
         x = self.node_norm(data.x)
         edge_attr = self.edge_norm(data.edge_attr)
-        h = self.node_in(x) + self.embed[:, data.op]                     # [M, N, H]
+        h = self.node_in(x) + self.embed.index_select(1, data.op)        # [M, N, H]
         for conv, norm in zip(self.convs, self.norms):
             h = norm(h + F.relu(conv(h, data.edge_index, edge_attr)))
         size = int(data.region.shape[0])
         pooled = torch.cat([_POOLS[p](h, data.batch, size) for p in self.pooling], dim=-1)   # [M, B, P·H]
-        side = torch.cat([self.region_norm(data.region)[data.row_graph], self.row_norm(data.rows)], dim=-1)
-        z = F.relu(self.graph_in(pooled[:, data.row_graph]) + self.side_in(side))
+        side = torch.cat([self.region_norm(data.region).index_select(0, data.row_graph), self.row_norm(data.rows)],
+                         dim=-1)
+        z = F.relu(self.graph_in(pooled.index_select(1, data.row_graph)) + self.side_in(side))
         if self.dropout:
             z = F.dropout(z, self.dropout, self.training)
         z = F.relu(self.head1(z))
