@@ -16,7 +16,7 @@ Everything here is plain Python (no MLIR objects), so graphs pickle, hash and cr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 # Bytes per element of each element type we know. Sub-byte types count as one byte (XLA pads them).
 DTYPE_BYTES: dict[str, float] = {
@@ -139,14 +139,21 @@ class OpGraph:
         return users
 
 
-_last_users: list = [None, None, 0]          # graph, its users, len(graph.ops) when computed
+# per kind of per-op table: the last graph asked about, its table, len(graph.ops) when computed
+_last_tables: dict[str, list] = {}
+
+
+def last_program_table(graph: OpGraph, kind: str, compute: Callable[[OpGraph], Any]) -> Any:
+    """``compute(graph)``, remembered (per ``kind``) for the last program asked about: a pass over every op
+    that splitting a program, hashing its regions and recording or predicting them all need."""
+    hit = _last_tables.get(kind)
+    if hit is not None and hit[0] is graph and hit[2] == len(graph.ops):
+        return hit[1]
+    table = compute(graph)
+    _last_tables[kind] = [graph, table, len(graph.ops)]
+    return table
 
 
 def program_users(graph: OpGraph) -> list[list[int]]:
-    """``graph.users()``, remembered for the last program asked about: splitting a program, hashing its
-    regions and predicting them all need it, and it costs a pass over every op."""
-    if _last_users[0] is graph and _last_users[2] == len(graph.ops):
-        return _last_users[1]
-    users = graph.users()
-    _last_users[:] = [graph, users, len(graph.ops)]
-    return users
+    """``graph.users()``, remembered for the last program asked about (see :func:`last_program_table`)."""
+    return last_program_table(graph, "users", OpGraph.users)

@@ -44,7 +44,7 @@ from functools import lru_cache
 from math import gcd, prod
 from typing import Any, Callable
 
-from ..ingest.graph import COLLECTIVE_KINDS, Op, OpGraph, TensorType
+from ..ingest.graph import COLLECTIVE_KINDS, Op, OpGraph, TensorType, last_program_table
 
 MATRIX, VECTOR, NONE = "matrix", "vector", "none"
 UNITS = (MATRIX, VECTOR, NONE)
@@ -495,6 +495,12 @@ def op_cost(op: Op) -> OpCost:
         # malformed attributes (e.g. an attribute left undecoded as text): cost the traffic only
         bin_, bout = _io(op)
         return OpCost(0.0, 0.0, bin_, bout, NONE, False)
+
+
+def program_costs(graph: OpGraph) -> list[OpCost]:
+    """:func:`op_cost` of every op of ``graph``, remembered for the last program asked about (the split
+    costs every op; the region records of the same program reuse those costs)."""
+    return last_program_table(graph, "costs", lambda g: [op_cost(op) for op in g.ops])
 
 
 # Ops kept even when nothing reads their results.

@@ -29,7 +29,7 @@ from typing import Any
 from ..ingest.graph import Op, OpGraph, TensorType, program_users
 from ..split.regions import Kernel, Region
 from ..split.signature import canonical_order, escaping_ops, signature_and_order
-from .costs import op_cost
+from .costs import program_costs
 
 RECORD_VERSION = 1
 
@@ -68,9 +68,10 @@ def region_record(region: Region, digest: str, users: list[list[int]], order: li
             kernel_of[i] = ki
     nodes, edges = [], []
     inputs: dict[Any, dict[str, Any]] = {}
+    costs = program_costs(region.graph)
     for n, i in enumerate(order):
         op = ops[i]
-        c = op_cost(op)
+        c = costs[i]
         nodes.append({"opcode": op.opcode, "kind": op.kind, "dtype": op.dtype,
                       "result_types": [_tt(t) for t in op.result_types],
                       "operand_types": [_tt(t) for t in op.operand_types],

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..ingest.errors import HespasError
 from ..ingest.graph import Op, OpGraph, program_users
-from ..label.costs import op_cost
+from ..label.costs import program_costs
 from .fusion import FREE_KINDS, fuse
 
 SPLITS = ("fusion", "linear", "individual")
@@ -123,7 +123,7 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
     if split not in SPLITS:
         raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
     ops = graph.ops
-    costs = [op_cost(op) for op in ops]
+    costs = program_costs(graph)
     users = program_users(graph)
     if split == "fusion":
         groups = fuse(graph, users)                       # list of op-id lists, each one kernel
