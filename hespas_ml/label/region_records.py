@@ -28,7 +28,7 @@ from typing import Any
 
 from ..ingest.graph import Op, OpGraph, TensorType, program_users
 from ..split.regions import Kernel, Region
-from ..split.signature import canonical_order, escaping_ops, signature_and_order
+from ..split.signature import canonical_order, escaping_ops, signature_parts
 from .costs import program_costs
 
 RECORD_VERSION = 1
@@ -53,14 +53,16 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def region_record(region: Region, digest: str, users: list[list[int]], order: list[int] | None = None
-                  ) -> dict[str, Any]:
-    """The JSON record of ``region`` (a compute region carrying its program's graph); ``order`` is its
-    :func:`~hespas_ml.split.signature.canonical_order` where the caller has it already."""
+def region_record(region: Region, digest: str, users: list[list[int]], order: list[int] | None = None,
+                  escapes: set[int] | None = None) -> dict[str, Any]:
+    """The JSON record of ``region`` (a compute region carrying its program's graph); ``order`` and
+    ``escapes`` are its :func:`~hespas_ml.split.signature.canonical_order` and
+    :func:`~hespas_ml.split.signature.escaping_ops` where the caller has them already
+    (:func:`~hespas_ml.split.signature.signature_parts` gives both)."""
     ops = region.graph.ops
     order = canonical_order(region) if order is None else order
     index = {i: n for n, i in enumerate(order)}
-    escapes = escaping_ops(region, users)
+    escapes = escaping_ops(region, users) if escapes is None else escapes
     kernel_of: dict[int, int] = {}
     kernels = sorted(region.kernels, key=lambda k: min((index[i] for i in k.op_ids if i in index), default=0))
     for ki, k in enumerate(kernels):
@@ -180,12 +182,12 @@ def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | N
         if (max_ops is not None and len(region.op_ids) > max_ops) or (skip_empty and _is_empty(region)):
             skipped += 1
             continue
-        digest, order = signature_and_order(region, users)
+        digest, order, escapes = signature_parts(region, users)
         entry = out.get(digest)
         if entry is None:
             entry = out[digest] = {"occurrences": 0, "executions": 0}
             if with_records:
-                entry["record"] = region_record(region, digest, users, order)
+                entry["record"] = region_record(region, digest, users, order, escapes)
         entry["occurrences"] += 1
         entry["executions"] += region.count
     return {"n_ops": len(graph.ops), "n_regions": len(compute), "n_collectives": len(rg.collectives()),

@@ -197,13 +197,13 @@ class Surrogate:
         region featurised by an earlier call (another target, another program) is not recorded again."""
         from ..label.region_records import region_record
         from ..ingest.graph import program_users
-        from ..split.signature import signature_and_order
+        from ..split.signature import signature_parts
 
         self._require_net()
         if not regions:
             return self.calibration.predict(np.zeros(0), np.zeros(0), np.zeros(0))
         digests: list[str] = []
-        first: dict[str, tuple] = {}                  # digest -> (region, its program's users, canonical order)
+        first: dict[str, tuple] = {}           # digest -> (region, its program's users, canonical order, escapes)
         for r in regions:
             if getattr(r, "kind", "compute") != "compute":
                 raise LearnError(f"region {getattr(r, 'name', '?')}: a {r.kind} region; surrogates predict "
@@ -212,9 +212,9 @@ class Surrogate:
             if graph is None:
                 raise LearnError(f"region {getattr(r, 'name', '?')}: carries no op graph (region.graph)")
             users = program_users(graph)
-            digest, order = signature_and_order(r, users)
+            digest, order, escapes = signature_parts(r, users)
             digests.append(digest)
-            first.setdefault(digest, (r, users, order))
+            first.setdefault(digest, (r, users, order, escapes))
         unique = list(first)
         arrays = self.featuriser.regions_for(unique, lambda h: region_record(first[h][0], h, *first[h][1:]))
         mean, std, base = self._predict_arrays(arrays, resolve_target(target))

@@ -116,7 +116,7 @@ def canonical_form(region, users: list[list[int]] | None = None) -> list[Any]:
     return _form_and_order(region, users)[0]
 
 
-def _form_and_order(region, users: list[list[int]] | None) -> tuple[list[Any], list[int]]:
+def _form_and_order(region, users: list[list[int]] | None) -> tuple[list[Any], list[int], set[int]]:
     ops = region.graph.ops
     labels = {i: op_label(ops[i]) for i in region.op_ids}
     order = canonical_order(region, labels)
@@ -136,22 +136,22 @@ def _form_and_order(region, users: list[list[int]] | None) -> tuple[list[Any], l
                 refs.append(["e", external.setdefault(key, len(external))])
         rows.append([labels[i], refs, i in escapes])
     kernels = sorted(sorted(index[i] for i in k.op_ids if i in index) for k in region.kernels)
-    return [SIGNATURE_VERSION, region.kind, rows, kernels], order
+    return [SIGNATURE_VERSION, region.kind, rows, kernels], order, escapes
 
 
 def region_signature(region, users: list[list[int]] | None = None) -> str:
     """Hex SHA-256 (64 characters) of the region's canonical form. ``region.graph`` must be set; ``users``
     (``graph.users()``) may be passed to save recomputing it for each region of a program."""
-    return signature_and_order(region, users)[0]
+    return signature_parts(region, users)[0]
 
 
-def signature_and_order(region, users: list[list[int]] | None = None) -> tuple[str, list[int]]:
-    """:func:`region_signature` and :func:`canonical_order` of ``region``, computed together (a region's
-    record needs both)."""
+def signature_parts(region, users: list[list[int]] | None = None) -> tuple[str, list[int], set[int]]:
+    """:func:`region_signature`, :func:`canonical_order` and :func:`escaping_ops` of ``region``, computed
+    together (a region's record needs all three)."""
     if getattr(region, "graph", None) is None:
         raise ValueError(f"region {getattr(region, 'id', '?')} carries no op graph (region.graph)")
-    form, order = _form_and_order(region, users)
-    return _sha(_FORM_JSON(form)), order
+    form, order, escapes = _form_and_order(region, users)
+    return _sha(_FORM_JSON(form)), order, escapes
 
 
 def signatures(regions: Sequence) -> list[str]:
