@@ -10,7 +10,9 @@
    ``profiling`` surrogates (live regions: signature, record, featurisation, prediction — the path of
    ``simulate --fidelity surrogate:…``; the program's op users are computed once by its split, as in
    ``simulate``). The surrogate is loaded once (as in a sweep) and takes the best of
-   ``--surrogate-repeats`` calls, its featuriser cache emptied before each; the labellers run once.
+   ``--surrogate-repeats`` calls, its featuriser cache emptied before each; the labellers run once
+   (SCALE-Sim's time includes starting its worker process, ~0.14 s, as every ``label_regions`` call does;
+   profiling's worker, which lives across calls, is started before the timing).
    Targets: ≥ 1,000× faster than SCALE-Sim, ≥ 100× faster than profiling. Also printed: the surrogate on
    regions it featurised before (a sweep's later points, another target): signature and network only.
 

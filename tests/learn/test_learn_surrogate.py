@@ -200,3 +200,35 @@ def test_clamped_columns_do_not_extrapolate_beyond_training():
     assert torch.equal(beyond[0, 0], norm(torch.tensor([[0.0, 0.0]]))[0, 0])   # clamped to the training minimum
     assert beyond[0, 1] < -3.0                                                 # an unclamped column extrapolates
     assert inside[0, 0] == inside[0, 1]                                        # no effect inside the range
+    loaded = Standardise(2)                                   # the bounds (and clamping) survive a state_dict
+    loaded.load_state_dict(norm.state_dict())
+    assert torch.equal(loaded(torch.tensor([[-10.0, -10.0]])), beyond)
+
+
+def test_readouts_and_message_sums_are_pygs():
+    """The network's own readouts and GINE message sums (index_add_ / index_reduce_, for speed) give what
+    PyG's global pools and default "add" aggregation give, values and gradients, an empty graph included."""
+    import torch
+    from torch_geometric.nn import MessagePassing, global_add_pool, global_max_pool, global_mean_pool
+
+    from hespas_ml.learn.model import _POOLS, MemberGINEConv
+
+    gen = torch.Generator().manual_seed(0)
+    members, nodes, hidden, graphs = 3, 11, 4, 5
+    batch = torch.tensor([0, 0, 0, 1, 1, 3, 3, 3, 3, 4, 4])            # graph 2 has no nodes
+    h = torch.randn(members, nodes, hidden, generator=gen, requires_grad=True)
+    h_ref = h.detach().clone().requires_grad_(True)
+    weights = torch.randn(members, graphs, hidden, generator=gen)
+    for name, reference in (("sum", global_add_pool), ("mean", global_mean_pool), ("max", global_max_pool)):
+        ours, theirs = _POOLS[name](h, batch, graphs), reference(h_ref, batch, graphs)
+        assert torch.allclose(ours, theirs, atol=1e-6), name
+        g_ours, = torch.autograd.grad((ours * weights).sum(), h)
+        g_theirs, = torch.autograd.grad((theirs * weights).sum(), h_ref)
+        assert torch.allclose(g_ours, g_theirs, atol=1e-6), name
+
+    conv = MemberGINEConv(members, hidden, 2)
+    edge_index = torch.tensor([[0, 1, 2, 2, 5, 6], [1, 2, 0, 1, 7, 7]])
+    messages = torch.randn(members, edge_index.shape[1], hidden, generator=gen)
+    ours = conv.aggregate(messages, edge_index[1], dim_size=nodes)
+    theirs = MessagePassing.aggregate(conv, messages, edge_index[1], dim_size=nodes)
+    assert torch.allclose(ours, theirs, atol=1e-6) and ours[:, 3:5].abs().sum() == 0
