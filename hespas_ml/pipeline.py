@@ -149,6 +149,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
                                   r.collective.comm_bytes))
     if failed:
         graph.warnings.append(f"{failed} region(s) could not be labelled by {fid.name}; counted as 0 s")
+    graph.warnings.extend(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
     timings["label"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -46,3 +46,14 @@ def tiny_config():
         base.update(overrides)
         return TrainConfig(**base)
     return make
+
+
+@pytest.fixture
+def fast_host(tmp_path) -> Path:
+    """A target file named ``host-cpu`` whose rates no real 2-core box measures (1e14 FLOP/s, 10 TB/s):
+    the host-cpu of "another machine" for the profiling surrogate."""
+    path = tmp_path / "fast-host.yaml"
+    path.write_text("name: host-cpu\ndescription: a host CPU far faster than any this project was measured on\n"
+                    "matrix_flops: {f32: 1.0e14}\nvector_flops: {f32: 5.0e13}\nmem_bw: 1.0e13\n"
+                    "mem_capacity: 1.0e11\nonchip_mem: 1.0e8\nclock_hz: 3.0e9\nsources: [a test]\nnotes: made up\n")
+    return path

@@ -172,7 +172,10 @@ def cmd_predict(args) -> int:
               "fidelity": f"surrogate:{fid.fidelity}", "model": fid.source, "coverage": labels[0].meta["coverage"]
               if labels else None, "n_regions": len(compute), "n_unique": n_unique, "total_s": total,
               "total_interval_s": [low, high], "roofline_total_s": roof,
-              "timings_s": {"load_model": t_load, "predict": t_pred}, "regions": rows}
+              "timings_s": {"load_model": t_load, "predict": t_pred}, "regions": rows,
+              "warnings": list(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))}
+    for msg in result["warnings"]:
+        print(f"warning: {msg}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

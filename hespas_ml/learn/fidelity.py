@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from ..label.fidelity import FidelityError, Label
 from ..label.scalesim import require_systolic
 from .config import LearnError
-from .features import resolve_target
+from .features import hardware_vector, resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
 from .surrogate import Surrogate
 
@@ -79,6 +79,7 @@ class SurrogateFidelity:
             self.name = f"surrogate:{model}"
         self.fidelity = self.surrogate.config.fidelity
         self.trained_targets = set(self.surrogate.trained_on.get("targets") or [])
+        self._caveats: dict[Any, str | None] = {}
 
     def label(self, region, target) -> Label:
         return self.label_regions([region], target)[0]
@@ -99,15 +100,42 @@ class SurrogateFidelity:
                              f" only, not of {name} (profiling measures the machine it runs on; use --target "
                              f"{sorted(self.trained_targets)[0]}, or another fidelity)")
 
+    def caveat(self, target) -> str | None:
+        """What a user must know about these predictions on ``target``, in one line, or None. A profiling
+        surrogate learned the timings of the machine its labels were measured on: when this machine's
+        ``host-cpu`` (same name) measures differently, the predictions are still the other machine's."""
+        target = resolve_target(target)
+        key = (target.name, tuple(hardware_vector(target)))
+        if key in self._caveats:
+            return self._caveats[key]
+        note = None
+        if self.fidelity == "profiling" and target.name in self.trained_targets:
+            outside = self.surrogate.hardware_outside_training(target)
+            if outside:
+                here = [outside.get(f, (None,))[0] for f in ("log10_matrix_flops_f32", "log10_mem_bw")]
+                seen = [outside.get(f, (None, None))[1] for f in ("log10_matrix_flops_f32", "log10_mem_bw")]
+
+                def rates(pair) -> str:
+                    flops, bw = pair
+                    return (f"f32 peak {10 ** flops / 1e9:,.0f} GFLOP/s" if flops is not None else "f32 peak as here") \
+                        + (f", memory {10 ** bw / 1e9:,.0f} GB/s" if bw is not None else ", memory as here")
+                note = (f"{self.name} learned the {target.name} timings of another machine ({rates(seen)}) and "
+                        f"predicts that machine's times, not this one's ({rates(here)}): label this machine "
+                        "(hespas-ml dataset build) and train on it (hespas-ml train --fidelity profiling)")
+        self._caveats[key] = note
+        return note
+
     def label_regions(self, regions: Sequence, target) -> list[Label]:
-        """One label per region, predicted in one batch (identical regions once)."""
+        """One label per region, predicted in one batch (identical regions once). When :meth:`caveat` has
+        something to say, every label carries it (``meta["caveat"]``) and ``seen_target`` is False."""
         regions = list(regions)
         if not regions:
             return []
         target = resolve_target(target)
         self.check_target(target)
         pred = self.surrogate.predict_regions(regions, target)
-        seen = target.name in self.trained_targets if self.trained_targets else None
+        caveat = self.caveat(target)
+        seen = target.name in self.trained_targets and caveat is None if self.trained_targets else None
         coverage = self.surrogate.calibration.coverage
         roof = pred.roofline if len(pred.roofline) == len(pred.seconds) else None
         out = []
@@ -118,6 +146,8 @@ class SurrogateFidelity:
                                     "model": self.source, "bound": "learned", "seen_target": seen}
             if roof is not None:
                 meta["roofline_s"] = float(roof[i])
+            if caveat is not None:
+                meta["caveat"] = caveat
             out.append(Label(s, "ok", meta))
         return out
 

@@ -27,7 +27,8 @@ from .config import LearnError, TrainConfig
 from .ensemble import IntervalCalibration, Prediction, member_stats
 from ..label.targets import Target
 from .features import (EDGE_FEATURES, HW_FEATURES, NODE_FEATURES, REGION_FEATURES, ROOFLINE_FEATURES,
-                       SYSTOLIC_FEATURES, Featuriser, RegionArrays, collate_arrays, resolve_target)
+                       SYSTOLIC_FEATURES, Featuriser, RegionArrays, collate_arrays, hardware_vector,
+                       resolve_target)
 from .model import SurrogateNet
 from .splits import make_split
 from .tables import dataset_targets, label_rows
@@ -221,6 +222,22 @@ class Surrogate:
         position = {h: i for i, h in enumerate(unique)}
         where = np.fromiter((position[h] for h in digests), dtype=np.int64, count=len(digests))
         return self.calibration.predict(mean[where], std[where], base[where])
+
+    def hardware_outside_training(self, target, tolerance: float = 0.02) -> dict[str, tuple[float, float, float]]:
+        """Hardware-vector entries of ``target`` outside the range the model saw in training (by more than
+        ``tolerance``: 0.02 on a log10 column is ~5 %): ``{feature: (value, lowest seen, highest seen)}``.
+        Read from the row normaliser's bounds, so it works for any saved model; empty for models saved
+        before the bounds were kept. The network answers such a target as the nearest one it knows."""
+        norm = self._require_net().row_norm
+        vector = hardware_vector(resolve_target(target))
+        names = row_feature_names(self.config)
+        out = {}
+        for k, feature in enumerate(HW_FEATURES):
+            j = names.index(feature)
+            lo, hi, value = float(norm.lo[j]), float(norm.hi[j]), float(vector[k])
+            if value < lo - tolerance or value > hi + tolerance:
+                out[feature] = (value, lo, hi)
+        return out
 
     # ------------------------------------------------------------------ evaluation
 

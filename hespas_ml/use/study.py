@@ -66,7 +66,7 @@ class ConfigResult:
     label_s: float = 0.0
     label_noise: float = math.nan     # time-weighted mean IQR/median of the labels (0 for deterministic ones)
     replay: str = ""
-    reason: str = ""
+    reason: str = ""                  # why it failed, or what to know about an ok result (a source's caveat)
     cached: bool = False
     region_seconds: dict[str, float | None] = field(default_factory=dict)
 
@@ -248,6 +248,7 @@ class _Runner:
             res.reason = _reason(exc)
             return res
         res.label_s = time.perf_counter() - t0
+        res.reason = "; ".join(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
         by_sig: dict[str, float | None] = {}
         for sig, lab in zip(prep.unique_signatures, labels):
             ok = lab.status == "ok" and math.isfinite(lab.seconds)
@@ -273,7 +274,8 @@ class _Runner:
             return res
         res.status = "ok" if res.failed_regions == 0 else "partial"
         if res.failed_regions:
-            res.reason = f"{res.failed_regions} of {len(by_sig)} distinct regions could not be timed"
+            failed = f"{res.failed_regions} of {len(by_sig)} distinct regions could not be timed"
+            res.reason = f"{failed}; {res.reason}" if res.reason else failed
         return res
 
     # -- the whole plan -------------------------------------------------------------------------------

@@ -325,6 +325,8 @@ def render(spec: StudySpec, tables: dict[str, pd.DataFrame], summary: dict[str, 
     noisy = configs[configs["label_noise"] > NOISY][["workload", "system", "target", "source", "step_time_s",
                                                      "label_noise"]]
     unavailable = pd.DataFrame(sorted(summary["unavailable"].items()), columns=["source", "why unavailable"])
+    caveats = configs[(configs["status"] == "ok") & (configs["reason"].fillna("") != "")][
+        ["source", "reason"]].drop_duplicates().rename(columns={"reason": "caveat"})
     sections = [
         f"<h1>Fidelity study: {html.escape(spec.name)}</h1>",
         '<p class="note">Every table is also written as CSV beside this file. Times are per training or '
@@ -333,7 +335,10 @@ def render(spec: StudySpec, tables: dict[str, pd.DataFrame], summary: dict[str, 
         "<h2>Accuracy against the reference</h2>",
         '<p class="note">Absolute % error = 100 · |predicted / reference − 1|. The reference of a configuration '
         "is the first source of the reference chain that timed it.</p>",
-        table_html(t["error_summary"]), parity_plot(t["errors"], colors), error_bars(t["errors"], colors),
+        table_html(t["error_summary"]),
+        ('<p class="note">Read these sources with their caveats:</p>' + table_html(caveats, soft=("caveat",)))
+        if not caveats.empty else "",
+        parity_plot(t["errors"], colors), error_bars(t["errors"], colors),
         "<details><summary>Every configuration's error (errors.csv)</summary>" + table_html(t["errors"]) + "</details>",
         "<h2>Speedups across target transitions</h2>",
         '<p class="note">Speedup of a transition A → B = t(A) / t(B); speedup error = |predicted speedup / reference '

@@ -215,6 +215,7 @@ class _Loader:
         targets = self.targets()
         costs = self.costs(targets)
         fidelities = self.fidelities()
+        self.note_caveats(fidelities, targets)
         replays = [str(r) for r in _as_list(d.get("replay", ["embedded"]))]
         for r in replays:
             if r not in REPLAYS:
@@ -257,6 +258,15 @@ class _Loader:
                 raise self.fail(f"cost of '{name}' must be a non-negative number ($ per device-hour)")
             out[str(name)] = float(value)
         return out
+
+    def note_caveats(self, fidelities: list[str], targets: list[str]) -> None:
+        """Notes for what a learned fidelity says about a target (e.g. a profiling surrogate on a host-cpu
+        that is not the machine it learned)."""
+        from ..label.registry import get_fidelity
+        for name in fidelities:
+            caveat = getattr(get_fidelity(name), "caveat", None)
+            if callable(caveat):
+                self.notes.extend(note for note in dict.fromkeys(caveat(t) for t in targets) if note)
 
     def fidelities(self) -> list[str]:
         from ..label.registry import get_fidelity

@@ -2,6 +2,7 @@
 card, and ``surrogate:<fidelity>`` uses them by default in the pipeline."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
@@ -83,6 +84,45 @@ def test_surrogates_refuse_targets_their_fidelity_cannot_answer_for(regions):
         profiling.label_regions(regions, "H100")
     assert all(lab.status == "ok" for lab in profiling.label_regions(regions, "host-cpu"))
     assert len(get_fidelity("surrogate:scalesim").label_regions(regions, "TPUv3")) == len(regions)
+
+
+def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learned(regions, fast_host, capsys):
+    """host-cpu is whatever machine runs the code; the shipped profiling surrogate learned one machine's
+    timings. On that machine its labels carry no caveat; on another (same name, other measured rates) every
+    label, the pipeline's warnings and ``predict`` say that the times are the other machine's."""
+    import dataclasses
+
+    from hespas_ml.cli.main import main
+    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.label.targets import VECTOR_DTYPES, load_target
+    from hespas_ml.learn.features import HW_FEATURES
+    from hespas_ml.learn.surrogate import row_feature_names
+    from hespas_ml.pipeline import simulate
+
+    profiling = get_fidelity("surrogate:profiling")
+    model = profiling.surrogate
+    names = row_feature_names(model.config)
+    seen = {f: float(model.net.row_norm.lo[names.index(f)]) for f in HW_FEATURES}   # the machine it learned
+    learned = dataclasses.replace(
+        load_target("host-cpu"), clock_hz=seen["clock_ghz"] * 1e9, mem_bw=10 ** seen["log10_mem_bw"],
+        mem_capacity=10 ** seen["log10_mem_capacity"], onchip_mem=10 ** seen["log10_onchip_mem"],
+        **{f"{unit}_flops": {d: 10 ** seen[f"log10_{unit}_flops_{d}"] for d in VECTOR_DTYPES}
+           for unit in ("matrix", "vector")})
+    assert model.hardware_outside_training(learned) == {}
+    labels = profiling.label_regions(regions, learned)
+    assert all("caveat" not in lab.meta and lab.meta["seen_target"] is True for lab in labels)
+
+    path = fast_host
+    labels = profiling.label_regions(regions, str(path))
+    caveat = labels[0].meta["caveat"]
+    assert all(lab.meta.get("caveat") == caveat and lab.meta["seen_target"] is False for lab in labels)
+    assert "another machine" in caveat and "100,000 GFLOP/s" in caveat and "\n" not in caveat
+    assert model.hardware_outside_training(str(path))["log10_mem_bw"][0] == pytest.approx(13.0)
+    assert caveat in simulate(PROGRAM, target=str(path), fidelity="surrogate:profiling").warnings
+    capsys.readouterr()
+    assert main(["predict", PROGRAM, "--fidelity", "profiling", "--target", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["warnings"] == [caveat] and err.strip() == f"warning: {caveat}"
 
 
 def test_models_folder_can_be_moved_with_HESPAS_ML_MODELS(tmp_path, monkeypatch, regions):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import math
 import shutil
 import subprocess
@@ -267,6 +268,12 @@ def test_smoke_study_writes_the_documented_tables(smoke):
     top = pd.read_csv(out / "top_regions.csv")
     assert (top.groupby(["source_a", "source_b"]).size() <= spec.top_regions).all()
     assert top["shape"].str.contains("->").all()
+    # the profiling surrogate's caveat (when this host-cpu is not the machine it learned) reaches the report
+    from hespas_ml.label.registry import get_fidelity
+    caveat = get_fidelity("surrogate:profiling").caveat("host-cpu")
+    learned = timed[timed["source"] == "surrogate:profiling"]
+    assert len(learned) and set(learned["reason"].fillna("")) == {caveat or ""}
+    assert caveat is None or html.escape(caveat) in (out / "report.html").read_text()
 
 
 def test_smoke_study_agrees_with_simulate(smoke):

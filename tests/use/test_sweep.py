@@ -368,6 +368,15 @@ def _spec(tmp_path: Path, **changes) -> Path:
     return path
 
 
+def test_a_sweep_notes_what_a_learned_fidelity_says_about_its_targets(tmp_path, fast_host):
+    spec = load_sweep_spec(_spec(tmp_path, targets=[str(fast_host)], fidelities=["surrogate:profiling", "roofline"],
+                                 costs=None))
+    caveats = [n for n in spec.notes if n.startswith("surrogate:profiling learned the host-cpu timings of another")]
+    assert len(caveats) == 1 and "100,000 GFLOP/s" in caveats[0]
+    assert not [n for n in load_sweep_spec(_spec(tmp_path, fidelities=["surrogate:roofline"])).notes
+                if "another machine" in n]
+
+
 @pytest.mark.parametrize("changes, expected", [
     ({"workloads": [{"zoo": "nope"}]}, "unknown zoo family 'nope'"),
     ({"workloads": [{"zoo": "llama", "params": {"depth": 3}}]}, "llama has no parameter 'depth'"),
