@@ -95,6 +95,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     constructor (e.g. ``{"budget": Budget(seconds=2), "mode": "auto"}`` for ``scalesim``)."""
     from .ingest import load_program
     from .ingest.graph import OpGraph
+    from .label.fidelity import label_caveats
     from .label.registry import get_fidelity
     from .label.targets import load_target
     from .replay import replay as run_replay
@@ -149,7 +150,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
                                   r.collective.comm_bytes))
     if failed:
         graph.warnings.append(f"{failed} region(s) could not be labelled by {fid.name}; counted as 0 s")
-    graph.warnings.extend(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
+    graph.warnings.extend(label_caveats(labels))
     timings["label"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -139,6 +139,7 @@ def cmd_predict(args) -> int:
     from ..ingest import load_program
     from ..label.targets import load_target
     from ..learn.config import LearnError
+    from ..label.fidelity import label_caveats
     from ..learn.fidelity import SurrogateFidelity
     from ..split.regions import split_program
     from ..split.signature import region_signature
@@ -173,7 +174,7 @@ def cmd_predict(args) -> int:
               if labels else None, "n_regions": len(compute), "n_unique": n_unique, "total_s": total,
               "total_interval_s": [low, high], "roofline_total_s": roof,
               "timings_s": {"load_model": t_load, "predict": t_pred}, "regions": rows,
-              "warnings": list(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))}
+              "warnings": label_caveats(labels)}
     for msg in result["warnings"]:
         print(f"warning: {msg}", file=sys.stderr)
     if args.json:

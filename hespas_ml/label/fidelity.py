@@ -25,6 +25,11 @@ class Label:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def label_caveats(labels) -> list[str]:
+    """The distinct caveats (``meta["caveat"]``: what to know about an ok answer) of ``labels``, in order."""
+    return list(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
+
+
 class Fidelity(Protocol):
     name: str
 

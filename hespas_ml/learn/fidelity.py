@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from ..label.fidelity import FidelityError, Label
 from ..label.scalesim import require_systolic
 from .config import LearnError
-from .features import hardware_vector, resolve_target
+from .features import HW_FEATURES, hardware_vector, resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
 from .surrogate import Surrogate
 
@@ -82,7 +82,6 @@ class SurrogateFidelity:
             self.name = f"surrogate:{model}"
         self.fidelity = self.surrogate.config.fidelity
         self.trained_targets = set(self.surrogate.trained_on.get("targets") or [])
-        self._caveats: dict[Any, str | None] = {}
 
     def label(self, region, target) -> Label:
         return self.label_regions([region], target)[0]
@@ -108,25 +107,19 @@ class SurrogateFidelity:
         surrogate learned the timings of the machine its labels were measured on: when this machine's
         ``host-cpu`` (same name) measures differently, the predictions are still the other machine's."""
         target = resolve_target(target)
-        key = (target.name, tuple(hardware_vector(target)))
-        if key in self._caveats:
-            return self._caveats[key]
-        note = None
-        if self.fidelity == "profiling" and target.name in self.trained_targets:
-            outside = self.surrogate.hardware_outside_training(target, tolerance=HOST_TOLERANCE)
-            if outside:
-                here = [outside.get(f, (None,))[0] for f in ("log10_matrix_flops_f32", "log10_mem_bw")]
-                seen = [outside.get(f, (None, None))[1] for f in ("log10_matrix_flops_f32", "log10_mem_bw")]
+        if self.fidelity != "profiling" or target.name not in self.trained_targets:
+            return None
+        if not self.surrogate.hardware_outside_training(target, tolerance=HOST_TOLERANCE):
+            return None
+        seen = {f: lo for f, (lo, _) in self.surrogate.hardware_range().items()}
+        here = dict(zip(HW_FEATURES, hardware_vector(target).tolist()))
 
-                def rates(pair) -> str:
-                    flops, bw = pair
-                    return (f"f32 peak {10 ** flops / 1e9:,.0f} GFLOP/s" if flops is not None else "f32 peak as here") \
-                        + (f", memory {10 ** bw / 1e9:,.0f} GB/s" if bw is not None else ", memory as here")
-                note = (f"{self.name} learned the {target.name} timings of another machine ({rates(seen)}) and "
-                        f"predicts that machine's times, not this one's ({rates(here)}): label this machine "
-                        "(hespas-ml dataset build) and train on it (hespas-ml train --fidelity profiling)")
-        self._caveats[key] = note
-        return note
+        def rates(v: dict[str, float]) -> str:
+            return (f"f32 peak {10 ** v['log10_matrix_flops_f32'] / 1e9:,.0f} GFLOP/s, "
+                    f"memory {10 ** v['log10_mem_bw'] / 1e9:,.0f} GB/s")
+        return (f"{self.name} learned the {target.name} timings of another machine ({rates(seen)}) and predicts "
+                f"that machine's times, not this one's ({rates(here)}): label this machine (hespas-ml dataset "
+                "build) and train on it (hespas-ml train --fidelity profiling)")
 
     def label_regions(self, regions: Sequence, target) -> list[Label]:
         """One label per region, predicted in one batch (identical regions once). When :meth:`caveat` has

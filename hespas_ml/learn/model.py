@@ -138,6 +138,9 @@ class Standardise(nn.Module):
         if clamp is not None:
             self.lo.copy_(torch.where(clamp, x.min(0).values.float(), torch.full_like(self.lo, -math.inf)))
             self.hi.copy_(torch.where(clamp, x.max(0).values.float(), torch.full_like(self.hi, math.inf)))
+        self._note_bounds()
+
+    def _note_bounds(self) -> None:
         self.clamps = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
     def forward(self, x: Tensor) -> Tensor:
@@ -150,7 +153,7 @@ class Standardise(nn.Module):
         for name, fill in (("lo", -math.inf), ("hi", math.inf)):
             state_dict.setdefault(prefix + name, torch.full_like(getattr(self, name), fill))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.clamps = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
+        self._note_bounds()
 
 
 class SurrogateNet(nn.Module):

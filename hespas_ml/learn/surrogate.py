@@ -223,21 +223,21 @@ class Surrogate:
         where = np.fromiter((position[h] for h in digests), dtype=np.int64, count=len(digests))
         return self.calibration.predict(mean[where], std[where], base[where])
 
-    def hardware_outside_training(self, target, tolerance: float = 0.02) -> dict[str, tuple[float, float, float]]:
-        """Hardware-vector entries of ``target`` outside the range the model saw in training (by more than
-        ``tolerance``: 0.02 on a log10 column is ~5 %): ``{feature: (value, lowest seen, highest seen)}``.
-        Read from the row normaliser's bounds, so it works for any saved model; empty for models saved
-        before the bounds were kept. The network answers such a target as the nearest one it knows."""
+    def hardware_range(self) -> dict[str, tuple[float, float]]:
+        """Per hardware-vector entry, the (lowest, highest) value the model saw in training, read from the
+        row normaliser's bounds (so it works for any saved model; unbounded for models saved before the
+        bounds were kept)."""
         norm = self._require_net().row_norm
-        vector = hardware_vector(resolve_target(target))
         names = row_feature_names(self.config)
-        out = {}
-        for k, feature in enumerate(HW_FEATURES):
-            j = names.index(feature)
-            lo, hi, value = float(norm.lo[j]), float(norm.hi[j]), float(vector[k])
-            if value < lo - tolerance or value > hi + tolerance:
-                out[feature] = (value, lo, hi)
-        return out
+        return {f: (float(norm.lo[names.index(f)]), float(norm.hi[names.index(f)])) for f in HW_FEATURES}
+
+    def hardware_outside_training(self, target, tolerance: float = 0.02) -> dict[str, tuple[float, float, float]]:
+        """Hardware-vector entries of ``target`` outside :meth:`hardware_range` by more than ``tolerance``
+        (0.02 on a log10 column is ~5 %): ``{feature: (value, lowest seen, highest seen)}``. The network
+        answers such a target as the nearest one it knows."""
+        vector = dict(zip(HW_FEATURES, hardware_vector(resolve_target(target)).tolist()))
+        return {f: (vector[f], lo, hi) for f, (lo, hi) in self.hardware_range().items()
+                if vector[f] < lo - tolerance or vector[f] > hi + tolerance}
 
     # ------------------------------------------------------------------ evaluation
 

@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from ..ingest.errors import HespasError
+from ..label.fidelity import label_caveats
 from . import study_metrics as M
 from .study_spec import MEASURED, SINGLE, SourceSpec, StudySpec, load_spec, read_measured
 
@@ -248,7 +249,7 @@ class _Runner:
             res.reason = _reason(exc)
             return res
         res.label_s = time.perf_counter() - t0
-        res.reason = "; ".join(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
+        res.reason = "; ".join(label_caveats(labels))
         by_sig: dict[str, float | None] = {}
         for sig, lab in zip(prep.unique_signatures, labels):
             ok = lab.status == "ok" and math.isfinite(lab.seconds)
