@@ -3,7 +3,9 @@
 Three splits:
 
 * ``fusion`` (default) — ops grouped the way XLA fuses them (see :mod:`hespas_ml.split.fusion`); each
-  region is one kernel, and its bytes are counted only at the kernel's boundary.
+  region is one kernel, and its bytes are counted only at the kernel's boundary. Inside a kernel an op
+  counts only the part of its result that is read (an elementwise chain ending in a slice or gather is
+  evaluated only where it is picked, as XLA does).
 * ``linear`` — maximal runs of compute between collectives (what Hespas calls a linear split); each op
   is costed as its own kernel, so every intermediate tensor is written and read again.
 * ``individual`` — every op is its own region.
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..ingest.errors import HespasError
 from ..ingest.graph import Op, OpGraph, program_users
-from ..label.costs import program_costs
+from ..label.costs import DECOMPOSED_OPS, ELEMENTWISE_OPS, TRANSCENDENTAL_OPS, program_costs
 from .fusion import FREE_KINDS, fuse
 
 SPLITS = ("fusion", "linear", "individual")
@@ -188,31 +190,91 @@ def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], pe
     return [_kernel_of(graph, group, costs, users)]
 
 
+# Ops that read a part of operand 0 (as many elements as they write).
+_PART_READERS = frozenset({"slice", "real_dynamic_slice", "dynamic_slice", "gather", "dynamic_gather",
+                           "torch_index_select"})
+# Ops whose result element k needs only element k of each same-sized operand.
+_PER_ELEMENT = ELEMENTWISE_OPS | TRANSCENDENTAL_OPS | frozenset(DECOMPOSED_OPS) | {
+    "reshape", "transpose", "copy", "reverse"}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _demand(graph: OpGraph, group: list[int], costs, users: list[list[int]], outputs: set[int]) -> dict[int, float]:
+    """The fraction of each op's result a fused kernel computes (1 unless only part of it is ever read).
+
+    XLA computes a fused elementwise chain only at the positions its consumers read: a log-softmax over
+    the vocabulary followed by a gather of one label per row evaluates one element per row, not the whole
+    [batch, seq, vocab] tensor. Demand flows back from the kernel's results (which are written whole)
+    through ops that work element by element, and shrinks at slices and gathers to the part they read.
+    A result read by several ops adds their demands (at most 1); matrix ops and everything else whose
+    access pattern is not modelled demand all of their operands.
+    """
+    ops = graph.ops
+    members = set(group)
+    demand: dict[int, float] = {}
+    for i in sorted(group, reverse=True):          # op ids are in program order: users come later
+        if i in outputs or not users[i] or any(u not in members for u in users[i]):
+            demand[i] = 1.0
+            continue
+        need = 0.0
+        for u in users[i]:
+            du, user = demand[u], ops[u]
+            if costs[u].unit == "matrix":
+                need = 1.0
+                break
+            out = _numel(user.result_types[0].shape) if user.result_types else 0
+            for j, p in enumerate(user.operands):
+                if p != i:
+                    continue
+                size = _numel(user.operand_types[j].shape)
+                if user.kind in _PART_READERS and j == 0 and size:
+                    need += du * min(1.0, out / size)
+                elif user.kind in _PER_ELEMENT and size == out:
+                    need += du
+                elif user.kind == "reduce" and j < len(user.operands) // 2:
+                    need += du                     # a part of the results needs that part of the inputs
+                else:
+                    need += 1.0
+        demand[i] = min(1.0, need)
+    return demand
+
+
 def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) -> Kernel:
-    """Cost one kernel: FLOPs summed over its ops; bytes only where data crosses the kernel boundary."""
+    """Cost one kernel: FLOPs summed over its ops; bytes only where data crosses the kernel boundary.
+
+    In a fused kernel each op counts only the part of its result the kernel needs (:func:`_demand`).
+    """
     ops = graph.ops
     members = set(group)
     k = Kernel(op_ids=list(group))
     vector_dtype_weight: dict[str, float] = {}
     read: dict[tuple[int, int], float] = {}
     outputs = set(graph.outputs)
+    demand = _demand(graph, group, costs, users, outputs) if len(group) > 1 else {}
     for i in group:
         op, c = ops[i], costs[i]
+        d = demand.get(i, 1.0)
         if not c.modelled:
             k.unmodelled += 1
         if c.unit == "matrix":
             k.matrix_flops += c.flops
             k.matrix_dtype = k.matrix_dtype or op.dtype
         else:
-            k.vector_flops += c.flops
+            k.vector_flops += c.flops * d
             if c.flops:
                 rt = op.result_types[0].dtype if op.result_types else op.dtype
-                vector_dtype_weight[rt] = vector_dtype_weight.get(rt, 0.0) + c.flops
-        k.transcendentals += c.transcendentals
+                vector_dtype_weight[rt] = vector_dtype_weight.get(rt, 0.0) + c.flops * d
+        k.transcendentals += c.transcendentals * d
         if len(group) == 1:
             k.bytes = c.bytes
             continue
-        # reads of tensors produced outside the kernel (each tensor once per kernel)
+        # reads of tensors produced outside the kernel (each tensor once per kernel), the needed part
         partial = c.bytes_in < sum(t.nbytes for t in op.operand_types) - 1
         for j, (p, t) in enumerate(zip(op.operands, op.operand_types)):
             if p >= 0 and p in members:
@@ -220,6 +282,8 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
             nbytes = float(t.nbytes)
             if partial and j == 0:
                 nbytes = min(nbytes, c.bytes_in)   # slice / dynamic_slice / gather read a part
+            if d < 1.0 and (op.kind in _PER_ELEMENT or (op.kind in _PART_READERS and j == 0)):
+                nbytes *= d
             key = (p, t.nbytes) if p >= 0 else (-1 - i * 64 - j, t.nbytes)
             read[key] = max(read.get(key, 0.0), nbytes)
         # writes of results used outside the kernel or returned by the program

@@ -154,3 +154,58 @@ def test_flipped_kernel_of_a_backward_data_conv_folds_into_the_conv():
     assert sorted(rg.graph.ops[i].kind for i in region.op_ids) == ["convolution", "reverse"]
     dy, w, out = 4 * 16 * 16 * 32 * 4, 3 * 3 * 16 * 32 * 4, 4 * 16 * 16 * 16 * 4
     assert region.kernels[0].bytes == dy + w + out
+
+
+ROW_PICK = """
+func.func @main(%x: tensor<64x1024xf32>, %m: tensor<64xf32>) -> {RESULTS} {
+  %b = stablehlo.broadcast_in_dim %m, dims = [0] : (tensor<64xf32>) -> tensor<64x1024xf32>
+  %s = stablehlo.subtract %x, %b : tensor<64x1024xf32>
+  %e = stablehlo.exponential %s : tensor<64x1024xf32>
+  {PICK}
+  %r = stablehlo.reshape %g : (tensor<64x1xf32>) -> tensor<64xf32>
+  %n = stablehlo.negate %r : tensor<64xf32>
+  return {RETURN}
+}
+"""
+ONE_COLUMN = "%g = stablehlo.slice %e [0:64, 7:8] : (tensor<64x1024xf32>) -> tensor<64x1xf32>"
+HALVES = """%lo = stablehlo.slice %e [0:64, 0:512] : (tensor<64x1024xf32>) -> tensor<64x512xf32>
+  %hi = stablehlo.slice %e [0:64, 512:1024] : (tensor<64x1024xf32>) -> tensor<64x512xf32>
+  %sum = stablehlo.add %lo, %hi : tensor<64x512xf32>
+  {READ}"""
+ONE_COLUMN_OF_HALVES = HALVES.replace(
+    "{READ}", "%g = stablehlo.slice %sum [0:64, 0:1] : (tensor<64x512xf32>) -> tensor<64x1xf32>")
+
+
+def _row_pick(pick: str, also: tuple[str, str] | None = None):
+    """The one kernel of ROW_PICK with ``pick`` choosing %g; ``also`` = (value, type) returned as well."""
+    results, ret = "tensor<64xf32>", "%n : tensor<64xf32>"
+    if also:
+        results = f"(tensor<64xf32>, {also[1]})"
+        ret = f"%n, {also[0]} : tensor<64xf32>, {also[1]}"
+    text = ROW_PICK.replace("{PICK}", pick).replace("{RESULTS}", results).replace("{RETURN}", ret)
+    (region,) = split_program(parse_module(text, "row_pick"), "fusion").compute_regions()
+    (kernel,) = region.kernels
+    return kernel
+
+
+def test_fused_kernel_computes_only_what_its_slices_and_gathers_read():
+    # exp(x - max) then one column: XLA evaluates 64 elements, not 64 x 1024 (a log-softmax + label gather)
+    kernel = _row_pick(ONE_COLUMN)
+    row = 64 * 4
+    assert kernel.vector_flops == 64 + 64          # subtract and negate, at the picked positions
+    assert kernel.transcendentals == 64
+    assert kernel.bytes == row + row + row         # the picked part of x, all of m (broadcast), the result
+
+
+def test_demand_adds_up_over_readers_and_is_whole_where_a_result_leaves_the_kernel():
+    # column 0 of lo + hi: columns 0 and 512 of exp(...), through two slices
+    assert _row_pick(ONE_COLUMN_OF_HALVES).transcendentals == 2 * 64
+    # lo + hi also leaves the kernel: every element of exp(...) is needed, once
+    whole = _row_pick(ONE_COLUMN_OF_HALVES, also=("%sum", "tensor<64x512xf32>"))
+    assert whole.transcendentals == 64 * 1024
+    assert whole.bytes == 64 * 1024 * 4 + 64 * 4 + 64 * 512 * 4 + 64 * 4
+    # the difference also leaves the kernel: it is computed and written whole, exp still only where read
+    kept = _row_pick(ONE_COLUMN, also=("%s", "tensor<64x1024xf32>"))
+    assert kept.transcendentals == 64
+    assert kept.vector_flops == 64 * 1024 + 64
+    assert kept.bytes == 2 * 64 * 1024 * 4 + 64 * 4 + 64 * 4
