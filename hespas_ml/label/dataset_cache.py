@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..ingest.errors import HespasError
+from .region_records import RECORD_VERSION
 
 CACHE_FILE = "cache.sqlite"
 LOCK_FILE = ".lock"
@@ -74,11 +75,29 @@ class BuildCache:
             if version is None:
                 self.set_meta("schema", str(SCHEMA_VERSION))
             elif version != str(SCHEMA_VERSION):
+                self.close()
                 raise DatasetError(f"{self.path}: cache schema {version}, this version writes {SCHEMA_VERSION}; "
                                    f"build into a new folder")
+            self._check_records()
         except sqlite3.DatabaseError as exc:
             self.close()
             raise DatasetError(f"{self.path}: not a usable cache database ({exc})") from None
+
+    def _check_records(self) -> None:
+        """Refuse a folder whose regions were recorded by another version of the records (their kernel
+        costs, which the roofline and SCALE-Sim labels follow, would mix with this version's)."""
+        records = self.get_meta("records")
+        if records is None:
+            empty = self.db.execute("SELECT 1 FROM regions LIMIT 1").fetchone() is None
+            if not empty:              # written before the version was stored: version 1
+                records = "1"
+            else:
+                self.set_meta("records", str(RECORD_VERSION))
+                return
+        if records != str(RECORD_VERSION):
+            self.close()
+            raise DatasetError(f"{self.path}: its regions are records version {records} (older kernel costs), this "
+                               f"version writes {RECORD_VERSION}; build into a new folder")
 
     # -- plumbing -----------------------------------------------------------------------------------
 

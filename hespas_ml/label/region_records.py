@@ -4,7 +4,7 @@
 and returns, per distinct :func:`~hespas_ml.split.signature.region_signature`, how often it occurs and
 its *record*. A record is self-contained; its schema (``RECORD_VERSION``)::
 
-    {"version": 1, "hash": "<sha256>", "n_nodes": N,
+    {"version": 2, "hash": "<sha256>", "n_nodes": N,
      "nodes": [{"opcode", "kind", "dtype", "result_types": [[shape, dtype], …],
                 "operand_types": [[shape, dtype], …], "attrs": {…}, "unit": matrix|vector|none,
                 "flops", "transcendentals", "bytes", "modelled", "kernel": k, "output": bool}, …],
@@ -31,7 +31,8 @@ from ..split.regions import Kernel, Region
 from ..split.signature import canonical_order, escaping_ops, signature_parts
 from .costs import program_costs
 
-RECORD_VERSION = 1
+# 2: kernel costs count only the demanded part of each op's result (hespas_ml.split.regions._demand)
+RECORD_VERSION = 2
 
 
 def _tt(t: TensorType) -> list[Any]:

@@ -372,6 +372,22 @@ def test_corrupt_dataset_folder_is_one_clean_error(smoke, tmp_path, capsys):
         load_dataset(tmp_path)
 
 
+def test_a_folder_recorded_with_older_kernel_costs_is_refused(smoke, tmp_path):
+    out, _, _ = smoke
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "cache.sqlite").write_bytes((out / "cache.sqlite").read_bytes())
+    db = sqlite3.connect(old / "cache.sqlite")
+    db.execute("DELETE FROM meta WHERE key = 'records'")      # as written before records had a version
+    db.commit()
+    db.close()
+    for _ in range(2):     # the refusal unlocks the folder: the second try is refused for the same reason
+        with pytest.raises(DatasetError, match=r"cache.sqlite: its regions are records version 1 .* new folder"):
+            build_dataset(SMOKE, old, progress=False)
+    # a folder this version recorded resumes as before
+    assert build_dataset(SMOKE, out, progress=False)["this_run"]["programs_new"] == 0
+
+
 # -- resume after SIGKILL ---------------------------------------------------------------------------------------
 
 RESUME_SPEC = """
