@@ -42,6 +42,14 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_replay)
 
+    p = sub.add_parser("host-cpu", help="this machine's host-cpu target: its measured rates, or measure them again",
+                       description="Show the host-cpu target (this machine's rates, measured once through XLA and "
+                                   "cached), or re-measure it: a measurement taken while the machine was busy "
+                                   "reads low, and profiling surrogates compare machines by these rates.")
+    p.add_argument("--measure", action="store_true", help="measure again now (run it on a quiet machine)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_host_cpu)
+
 
 def _si(value: float, unit: str) -> str:
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -156,3 +164,28 @@ def cmd_replay(args) -> int:
         w(f"  {r.rank:>5}  {format_seconds(r.finish_ns * 1e-9):>12}  {format_seconds(r.exposed_comm_ns * 1e-9):>12}  "
           f"{format_seconds(r.gpu_ns * 1e-9):>12}  {format_seconds(r.comm_ns * 1e-9):>12}\n")
     return 0
+
+
+def cmd_host_cpu(args) -> int:
+    from ..label.targets import host_cpu_cache_path, measure_host_cpu
+
+    target = measure_host_cpu(force=args.measure)
+    m = dict(target.measured)
+    path = host_cpu_cache_path()
+    if args.json:
+        print(json.dumps({"cache": str(path) if m else None, "matrix_flops": target.matrix_flops,
+                          "vector_flops": target.vector_flops, "mem_bw": target.mem_bw, "measured": m}, indent=2))
+        return 0
+    if not m:
+        print(f"host-cpu: not measured (the measurement failed); fallback values of {target.name}")
+    else:
+        load = m.get("load_average")
+        print(f"host-cpu: {m.get('cpu_model')}, {m.get('cores')} cores, jax {m.get('jax_version')}; measured "
+              f"{m.get('measured_at')}" + (f" at a 1-minute load of {load:.2f}" if load is not None else ""))
+    rates = ", ".join(f"{dtype} matrix {_si(v, 'FLOP/s')}" for dtype, v in sorted(target.matrix_flops.items()))
+    print(f"  {rates}, f32 vector {_si(target.vector_flops.get('f32', 0.0), 'FLOP/s')}, "
+          f"memory {_si(target.mem_bw, 'B/s')}")
+    if m:
+        print(f"  cached in {path}" + ("" if args.measure else " (measure again: hespas-ml host-cpu --measure)"))
+    return 0
+

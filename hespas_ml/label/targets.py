@@ -531,6 +531,18 @@ def _host_key() -> tuple[str, int, str, str]:
     return model, cores, version, f"{model} | {cores} cores | jax {version}"
 
 
+def host_cpu_cache_path() -> Path:
+    """The file this machine's host-cpu measurement is cached in (it may not exist yet)."""
+    return _host_cache_path(_host_key()[3])
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def _measured_mapping(fallback: dict[str, Any], bench: dict[str, Any], model: str, cores: int,
                       version: str, key: str) -> dict[str, Any]:
     """The host-cpu target description built from the fallback file and the measurement."""
@@ -608,14 +620,20 @@ def measure_host_cpu(force: bool = False) -> Target:
             warnings.warn(f"corrupt host-cpu cache, re-measuring: {exc}", RuntimeWarning, stacklevel=2)
     fallback_path = PRESET_DIR / f"{HOST_CPU}.yaml"
     fallback = _read_yaml(fallback_path)
+    load = _load_average()                               # 1-minute load before measuring
     try:
         bench = _run_host_benchmarks()
     except Exception as exc:  # noqa: BLE001 - no jax / no cpu backend: fall back, never crash
         warnings.warn(f"host-cpu measurement failed ({type(exc).__name__}: {exc}); using the fallback "
                       f"values of {fallback_path}", RuntimeWarning, stacklevel=2)
         return target_from_mapping(fallback, str(fallback_path))
+    bench["load_average"] = load
     data = _measured_mapping(fallback, bench, model, cores, version, key)
     target = target_from_mapping(data, f"measured host-cpu ({key})")
+    if load is not None and load > 0.5 * cores:
+        warnings.warn(f"{path}: host-cpu measured while this machine was busy (1-minute load {load:.2f} on {cores} "
+                      "cores): its rates may read low, and they are cached for this machine; re-measure when it is "
+                      "quiet with: hespas-ml host-cpu --measure", RuntimeWarning, stacklevel=2)
     try:
         _write_atomically(path, data)
     except OSError as exc:

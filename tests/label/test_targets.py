@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -325,6 +326,33 @@ def test_host_cpu_gemm_rate_predicts_an_xla_gemm(host_cache: Path, monkeypatch: 
         best = min(best, time.perf_counter() - start)
     predicted = 2 * n**3 / rate
     assert predicted / 3 <= best <= predicted * 3
+
+
+def test_host_cpu_command_shows_and_remeasures_the_cached_target(host_cache: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from hespas_ml.cli.main import main
+
+    (cached,) = host_cache.glob("host-cpu-*.yaml")
+    copy = tmp_path / cached.name
+    copy.write_text(cached.read_text())
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path))
+    before = load_target("host-cpu")
+    assert isinstance(before.measured["load_average"], float)     # the load it was measured at is kept
+    assert main(["host-cpu"]) == 0
+    out = capsys.readouterr().out
+    assert str(copy) in out and "host-cpu --measure" in out
+    assert f"memory {before.mem_bw / 1e9:.2f} GB/s" in out and f"f32 matrix {before.matrix_flops['f32'] / 1e9:.2f}" in out
+    stamp = copy.stat().st_mtime_ns
+    assert main(["host-cpu"]) == 0 and copy.stat().st_mtime_ns == stamp   # showing does not measure
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)                     # a busy test machine is told so
+        assert main(["host-cpu", "--measure", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert copy.stat().st_mtime_ns != stamp                                 # measured again and cached
+    after = load_target("host-cpu")
+    assert shown["cache"] == str(copy) and shown["mem_bw"] == after.mem_bw
+    assert after.measured["key"] == before.measured["key"] and after.matrix_flops["f32"] > 1e9
 
 
 def test_corrupt_host_cache_is_remeasured(host_cache: Path, tmp_path: Path,
