@@ -85,6 +85,11 @@ DATA_MOVEMENT_OPS = frozenset({
 })
 """Ops that only move or generate data: zero FLOPs, their bytes read and written."""
 
+PARTIAL_READ_OPS = frozenset({
+    "slice", "real_dynamic_slice", "dynamic_slice", "gather", "dynamic_gather", "torch_index_select", "all_slice",
+})
+"""Data-movement ops that read only part of operand 0: as many elements as they write."""
+
 TRANSCENDENTAL_OPS = frozenset({
     "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic", "tanh", "sine", "cosine",
     "tan", "sqrt", "rsqrt", "cbrt", "power", "atan2", "erf",
@@ -456,8 +461,7 @@ for _k in FREE_OPS:
     _HANDLERS[_k] = _free
 for _k in DATA_MOVEMENT_OPS:
     _HANDLERS[_k] = _move
-for _k in ("slice", "real_dynamic_slice", "dynamic_slice", "gather", "dynamic_gather", "torch_index_select",
-           "all_slice"):
+for _k in PARTIAL_READ_OPS:
     _HANDLERS[_k] = _partial_read
 for _k in ("iota", "dynamic_iota"):
     _HANDLERS[_k] = _generate

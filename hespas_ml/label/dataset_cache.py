@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..ingest.errors import HespasError
-from .region_records import RECORD_VERSION
 
 CACHE_FILE = "cache.sqlite"
 LOCK_FILE = ".lock"
@@ -86,14 +85,14 @@ class BuildCache:
     def _check_records(self) -> None:
         """Refuse a folder whose regions were recorded by another version of the records (their kernel
         costs, which the roofline and SCALE-Sim labels follow, would mix with this version's)."""
+        from .region_records import RECORD_VERSION
+
         records = self.get_meta("records")
-        if records is None:
-            empty = self.db.execute("SELECT 1 FROM regions LIMIT 1").fetchone() is None
-            if not empty:              # written before the version was stored: version 1
-                records = "1"
-            else:
+        if records is None:            # a new folder, or one written before records had a version (1)
+            if self.db.execute("SELECT 1 FROM regions LIMIT 1").fetchone() is None:
                 self.set_meta("records", str(RECORD_VERSION))
                 return
+            records = "1"
         if records != str(RECORD_VERSION):
             self.close()
             raise DatasetError(f"{self.path}: its regions are records version {records} (older kernel costs), this "

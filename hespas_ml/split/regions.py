@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from ..ingest.errors import HespasError
 from ..ingest.graph import Op, OpGraph, program_users
-from ..label.costs import DECOMPOSED_OPS, ELEMENTWISE_OPS, TRANSCENDENTAL_OPS, program_costs
+from ..label.costs import (DECOMPOSED_OPS, ELEMENTWISE_OPS, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS,
+                            program_costs)
 from .fusion import FREE_KINDS, fuse
 
 SPLITS = ("fusion", "linear", "individual")
@@ -190,19 +191,9 @@ def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], pe
     return [_kernel_of(graph, group, costs, users)]
 
 
-# Ops that read a part of operand 0 (as many elements as they write).
-_PART_READERS = frozenset({"slice", "real_dynamic_slice", "dynamic_slice", "gather", "dynamic_gather",
-                           "torch_index_select"})
 # Ops whose result element k needs only element k of each same-sized operand.
 _PER_ELEMENT = ELEMENTWISE_OPS | TRANSCENDENTAL_OPS | frozenset(DECOMPOSED_OPS) | {
     "reshape", "transpose", "copy", "reverse"}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _demand(graph: OpGraph, group: list[int], costs, users: list[list[int]], outputs: set[int]) -> dict[int, float]:
@@ -228,12 +219,12 @@ def _demand(graph: OpGraph, group: list[int], costs, users: list[list[int]], out
             if costs[u].unit == "matrix":
                 need = 1.0
                 break
-            out = _numel(user.result_types[0].shape) if user.result_types else 0
+            out = user.result_types[0].numel if user.result_types else 0
             for j, p in enumerate(user.operands):
                 if p != i:
                     continue
-                size = _numel(user.operand_types[j].shape)
-                if user.kind in _PART_READERS and j == 0 and size:
+                size = user.operand_types[j].numel
+                if user.kind in PARTIAL_READ_OPS and j == 0 and size:
                     need += du * min(1.0, out / size)
                 elif user.kind in _PER_ELEMENT and size == out:
                     need += du
@@ -282,7 +273,7 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
             nbytes = float(t.nbytes)
             if partial and j == 0:
                 nbytes = min(nbytes, c.bytes_in)   # slice / dynamic_slice / gather read a part
-            if d < 1.0 and (op.kind in _PER_ELEMENT or (op.kind in _PART_READERS and j == 0)):
+            if d < 1.0 and (op.kind in _PER_ELEMENT or (op.kind in PARTIAL_READ_OPS and j == 0)):
                 nbytes *= d
             key = (p, t.nbytes) if p >= 0 else (-1 - i * 64 - j, t.nbytes)
             read[key] = max(read.get(key, 0.0), nbytes)
