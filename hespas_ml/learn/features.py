@@ -3,8 +3,8 @@
 A region record (:mod:`hespas_ml.label.region_records`) becomes, once per region and cached by its hash,
 a :class:`RegionArrays`: per-node features (:data:`NODE_FEATURES`, log-scaled shape statistics, costs,
 the attributes that matter — the GEMM ``count, M, N, K`` of a dot or an im2col convolution, windows,
-strides, dilations, groups, reduced dims, size-1 dims — and one-hots of element type and unit), an opcode
-index into a fixed vocabulary (index 0 is the unknown bucket), bidirectional edges with :data:`EDGE_FEATURES`, and
+strides, dilations, groups, reduced dims — and one-hots of element type and unit), an opcode index into a
+fixed vocabulary (index 0 is the unknown bucket), bidirectional edges with :data:`EDGE_FEATURES`, and
 region aggregates (:data:`REGION_FEATURES`). Its kernels and GEMMs are kept as small arrays so that the
 *target-dependent* features — the analytical roofline estimate (exactly
 :func:`hespas_ml.label.roofline.kernel_seconds` summed the way :class:`RooflineFidelity` does), its
@@ -12,11 +12,7 @@ compute and memory parts, and the systolic estimate (:mod:`hespas_ml.learn.estim
 for many regions and one target at once with numpy (:meth:`Featuriser.target_features`). The hardware
 vector is :meth:`Target.to_vector` (:data:`HW_FEATURES`).
 
-Everything here is raw (log-scaled, not standardised); the model holds the normalisers. A model keeps
-the names of the node features it learned from and reads only those (:class:`~hespas_ml.learn.model.SurrogateNet`),
-so features added later leave earlier checkpoints loadable. The size-1 dims are there because XLA:CPU
-takes another, much slower path for them: a sum over the last axis of ``[4, 8, 1, 1024, 1024]`` f32
-took 12.8 ns per element on the 2-core box, ``[4, 8, 2, 512, 1024]`` 0.44 ns (same bytes).
+Everything here is raw (log-scaled, not standardised); the model holds the normalisers.
 """
 from __future__ import annotations
 
@@ -46,7 +42,6 @@ NODE_FEATURES = (
     "log_gemm_count", "log_gemm_m", "log_gemm_n", "log_gemm_k",
     "log_window_taps", "log_max_stride", "log_max_lhs_dilation", "log_max_rhs_dilation",
     "log_feature_groups", "log_batch_groups", "n_reduce_dims", "transpose_moves_last",
-    "log_in_last", "n_unit_dims_in", "n_unit_dims_out", "reduces_last",
     "log_kernel_matrix_flops", "log_kernel_vector_flops", "log_kernel_bytes", "log_kernel_nodes",
     *(f"dtype_{d}" for d in DTYPE_GROUPS), *(f"unit_{u}" for u in UNITS),
 )
@@ -263,12 +258,8 @@ class Featuriser:
                     attrs = node["attrs"]
                     dims = attrs.get("dimensions") if kind == "reduce" else None
                     perm = attrs.get("permutation") if kind == "transpose" else None
-                    first_in = ot[0][0] if ot else ()
                     row += (len(dims) if isinstance(dims, list) else 0,
-                            1.0 if isinstance(perm, list) and perm and perm[-1] != len(perm) - 1 else 0.0,
-                            first_in[-1] if first_in else 0,
-                            sum(1 for sh, _ in ot for d in sh if d == 1), sum(1 for d in first_shape if d == 1),
-                            1.0 if isinstance(dims, list) and first_in and len(first_in) - 1 in dims else 0.0)
+                            1.0 if isinstance(perm, list) and perm and perm[-1] != len(perm) - 1 else 0.0)
                     raw.extend(row)
                     onehot.append(_dtype_index(node["dtype"]))
                     onehot.append(_UNIT_INDEX.get(node["unit"], 2))

@@ -20,7 +20,6 @@ The normalisers of every input and of the output live in buffers, so a state_dic
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -162,16 +161,10 @@ class SurrogateNet(nn.Module):
 
     def __init__(self, vocab_size: int, row_dim: int, members: int = 5, hidden: int = 64, layers: int = 3,
                  head_hidden: int = 128, pooling: tuple[str, ...] = ("sum", "mean", "max"),
-                 dropout: float = 0.0, node_features: Sequence[str] = NODE_FEATURES):
+                 dropout: float = 0.0):
         super().__init__()
         self.members, self.pooling, self.dropout = members, tuple(pooling), dropout
-        # the columns of the featuriser's node features this net reads (all of them, unless it was trained
-        # before some were added); not saved with the weights: the surrogate's metadata names them
-        self.node_features = tuple(node_features)
-        columns = [NODE_FEATURES.index(f) for f in self.node_features]
-        self.register_buffer("node_columns", torch.tensor(columns, dtype=torch.long), persistent=False)
-        self._all_columns = columns == list(range(len(NODE_FEATURES)))
-        self.node_norm = Standardise(len(columns))
+        self.node_norm = Standardise(len(NODE_FEATURES))
         self.edge_norm = Standardise(len(EDGE_FEATURES))
         self.region_norm = Standardise(len(REGION_FEATURES))
         self.row_norm = Standardise(row_dim)
@@ -179,7 +172,7 @@ class SurrogateNet(nn.Module):
         self.register_buffer("y_std", torch.ones(()))
         # opcode embedding of the node width, added to the encoded features (index 0: unknown opcode)
         self.embed = nn.Parameter(torch.randn(members, vocab_size + 1, hidden) * (1.0 / math.sqrt(hidden)))
-        self.node_in = MemberLinear(members, len(columns), hidden)
+        self.node_in = MemberLinear(members, len(NODE_FEATURES), hidden)
         self.convs = nn.ModuleList(MemberGINEConv(members, hidden, len(EDGE_FEATURES)) for _ in range(layers))
         self.norms = nn.ModuleList(MemberLayerNorm(members, hidden) for _ in range(layers))
         self.graph_in = MemberLinear(members, hidden * len(self.pooling), head_hidden)
@@ -189,7 +182,7 @@ class SurrogateNet(nn.Module):
         self.skip = MemberLinear(members, len(REGION_FEATURES) + row_dim, 1)   # linear path from the side inputs
 
     def forward(self, data) -> Tensor:
-        x = self.node_norm(self.node_inputs(data.x))
+        x = self.node_norm(data.x)
         edge_attr = self.edge_norm(data.edge_attr)
         h = self.node_in(x) + self.embed.index_select(1, data.op)        # [M, N, H]
         for conv, norm in zip(self.convs, self.norms):
@@ -203,10 +196,6 @@ class SurrogateNet(nn.Module):
             z = F.dropout(z, self.dropout, self.training)
         z = F.relu(self.head1(z))
         return (self.head2(z) + self.skip(side)).squeeze(-1)               # [M, rows]
-
-    def node_inputs(self, x: Tensor) -> Tensor:
-        """The featuriser's node features ``x`` [nodes, len(NODE_FEATURES)] cut to the ones this net reads."""
-        return x if self._all_columns else x.index_select(1, self.node_columns)
 
     def to_log_seconds(self, out: Tensor, base: Tensor, residual: bool) -> Tensor:
         """De-standardise ``forward``'s output into log-seconds (adding the analytical base if residual)."""

@@ -96,15 +96,13 @@ def warm_config(previous: TrainConfig, overrides: dict[str, Any], origin: str) -
 
 
 def warm_start(surrogate: Surrogate, previous: Surrogate) -> None:
-    """Make ``surrogate.fit`` start from ``previous``'s weights, opcode vocabulary and node features (a
-    model trained before features were added keeps reading the ones it had; the normalisers are refitted
-    to the new data by ``fit``)."""
+    """Make ``surrogate.fit`` start from ``previous``'s weights and opcode vocabulary (the normalisers are
+    refitted to the new data by ``fit``)."""
     from .features import Featuriser
 
     if previous.net is None:
         raise RegistryError("warm start: the previous surrogate is not fitted")
     surrogate.featuriser = Featuriser(previous.featuriser.vocabulary)
-    surrogate.node_features = list(previous.node_features)
     state = copy.deepcopy(previous.net.state_dict())
     build = surrogate._new_net
 

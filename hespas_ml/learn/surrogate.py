@@ -64,15 +64,13 @@ class Surrogate:
         self.metrics: dict[str, Any] = {}
         self.trained_on: dict[str, Any] = {}
         self._columns = np.asarray([ALL_ROW_FEATURES.index(n) for n in row_feature_names(self.config)])
-        self.node_features = list(NODE_FEATURES)      # a loaded model: the ones it was trained with
 
     # ------------------------------------------------------------------ training
 
     def _new_net(self) -> SurrogateNet:
         c = self.config
         return SurrogateNet(len(self.featuriser.vocabulary), len(self._columns), members=c.ensemble, hidden=c.hidden,
-                            layers=c.layers, head_hidden=c.head_hidden, pooling=tuple(c.pooling), dropout=c.dropout,
-                            node_features=self.node_features)
+                            layers=c.layers, head_hidden=c.head_hidden, pooling=tuple(c.pooling), dropout=c.dropout)
 
     def fit(self, dataset, train_index=None, val_index=None, on_epoch: EpochCallback | None = None) -> "Surrogate":
         """Train on ``dataset`` (a :class:`~hespas_ml.label.dataset_tables.Dataset`).
@@ -275,7 +273,7 @@ class Surrogate:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(net.state_dict(), out / WEIGHTS)
         meta = {"format": FORMAT, "kind": KIND, "config": self.config.to_dict(),
-                "vocabulary": self.featuriser.vocabulary, "node_features": list(self.node_features),
+                "vocabulary": self.featuriser.vocabulary, "node_features": list(NODE_FEATURES),
                 "edge_features": list(EDGE_FEATURES), "region_features": list(REGION_FEATURES),
                 "row_features": row_feature_names(self.config), "base": self.config.base,
                 "calibration": self.calibration.to_dict(),
@@ -308,25 +306,16 @@ class Surrogate:
                 raise LearnError(f"{meta_path}: unknown residual base {meta['base']!r}")
             config = dataclasses.replace(config, residual=meta["base"] is not None,
                                          residual_base=meta["base"] or "none")
-        expected = {"edge_features": list(EDGE_FEATURES), "region_features": list(REGION_FEATURES),
-                    "row_features": row_feature_names(config)}
+        expected = {"node_features": list(NODE_FEATURES), "edge_features": list(EDGE_FEATURES),
+                    "region_features": list(REGION_FEATURES), "row_features": row_feature_names(config)}
         for key, want in expected.items():
             if meta.get(key) != want:
                 raise LearnError(f"{meta_path}: its {key.replace('_', ' ')} differ from this version's "
                                  "featuriser (retrain the surrogate)")
-        node_features = meta.get("node_features")
-        if not (isinstance(node_features, list) and node_features and all(isinstance(f, str) for f in node_features)):
-            raise LearnError(f"{meta_path}: 'node_features' must be a list of feature names")
-        unknown = [f for f in node_features if f not in NODE_FEATURES]
-        if unknown or len(set(node_features)) != len(node_features):
-            what = f"unknown {', '.join(map(str, unknown[:3]))}" if unknown else "repeated names"
-            raise LearnError(f"{meta_path}: its node features differ from this version's featuriser ({what}; "
-                             "retrain the surrogate)")
         vocab = meta.get("vocabulary")
         if not isinstance(vocab, list) or not all(isinstance(v, str) for v in vocab):
             raise LearnError(f"{meta_path}: 'vocabulary' must be a list of op kinds")
         self = cls(config)
-        self.node_features = node_features      # older models read a subset of today's features
         self.featuriser = Featuriser(vocab)
         self.calibration = IntervalCalibration.from_dict(meta.get("calibration") or {}, str(meta_path))
         self.trained_on = meta.get("trained_on") or {}

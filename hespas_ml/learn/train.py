@@ -79,7 +79,7 @@ def _loss(kind: str, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def fit_normalisers(net: SurrogateNet, train: list[RegionData], residual: bool) -> None:
     """Set the network's input and output normalisers from the training data."""
-    net.node_norm.fit(net.node_inputs(torch.cat([d.x for d in train])))
+    net.node_norm.fit(torch.cat([d.x for d in train]))
     edges = [d.edge_attr for d in train if d.edge_attr.numel()]
     if edges:
         net.edge_norm.fit(torch.cat(edges))

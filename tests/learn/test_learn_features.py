@@ -177,36 +177,3 @@ def test_region_data_collates_with_pyg(smoke_ds):
     fast, est = f.batch(_records(smoke_ds)[:10], target)
     assert torch.equal(fast.x, batch.x) and torch.equal(fast.edge_index, batch.edge_index)
     assert torch.equal(fast.batch, batch.batch) and torch.allclose(fast.rows, batch.rows)
-
-
-_REDUCE = """module @m {{
-  func.func public @main(%a: tensor<{s}xf32>) -> tensor<{o}xf32> {{
-    %c = stablehlo.constant dense<0.0> : tensor<f32>
-    %r = stablehlo.reduce(%a init: %c) applies stablehlo.add across dimensions = {d} : (tensor<{s}xf32>, tensor<f32>) -> tensor<{o}xf32>
-    return %r : tensor<{o}xf32>
-  }}
-}}
-"""
-
-
-@pytest.mark.parametrize("shape, dims, unit_in, unit_out, last", [
-    ([4, 8, 1, 64, 32], [4], 1, 1, 1.0),       # a kept size-1 dim: XLA:CPU's slow reduction path
-    ([4, 8, 2, 64, 32], [4], 0, 0, 1.0),
-    ([1, 9, 1, 64, 32], [2, 4], 2, 1, 1.0),
-    ([64, 32], [0], 0, 0, 0.0),
-])
-def test_reduce_nodes_carry_size_one_dims_and_whether_they_reduce_the_last_axis(tmp_path, shape, dims, unit_in,
-                                                                                   unit_out, last):
-    from hespas_ml.label.region_records import program_records
-
-    out = [d for i, d in enumerate(shape) if i not in dims]
-    path = tmp_path / "reduce.mlir"
-    path.write_text(_REDUCE.format(s="x".join(map(str, shape)), o="x".join(map(str, out)), d=dims))
-    (entry,) = program_records(str(path))["regions"].values()
-    record = entry["record"]
-    (i,) = [i for i, n in enumerate(record["nodes"]) if n["kind"] == "reduce"]
-    x = Featuriser().region(record).x[i]
-    got = {f: float(x[NODE_FEATURES.index(f)]) for f in ("n_unit_dims_in", "n_unit_dims_out", "reduces_last",
-                                                          "log_in_last", "n_reduce_dims")}
-    assert got == {"n_unit_dims_in": unit_in, "n_unit_dims_out": unit_out, "reduces_last": last,
-                   "log_in_last": pytest.approx(math.log2(1 + shape[-1])), "n_reduce_dims": len(dims)}

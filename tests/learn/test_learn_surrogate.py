@@ -111,13 +111,9 @@ def test_corrupt_or_mismatched_checkpoints_are_one_line_errors(learned, tmp_path
         Surrogate.load(bad)
 
     meta["config"]["hidden"] = 16
-    meta["node_features"] = meta["node_features"][:-1] + ["log_colour_of_the_op"]
+    meta["node_features"] = meta["node_features"][:-1]
     (bad / "surrogate.json").write_text(json.dumps(meta))
-    with pytest.raises(LearnError, match="node features differ .*unknown log_colour_of_the_op"):
-        Surrogate.load(bad)
-    meta["node_features"] = meta["node_features"][:-1]        # a subset: loads, but these weights read more
-    (bad / "surrogate.json").write_text(json.dumps(meta))
-    with pytest.raises(LearnError, match=r"weights\.pt: does not match"):
+    with pytest.raises(LearnError, match="node features differ"):
         Surrogate.load(bad)
 
     (bad / "surrogate.json").write_text("{not json")
