@@ -188,4 +188,3 @@ def cmd_host_cpu(args) -> int:
     if m:
         print(f"  cached in {path}" + ("" if args.measure else " (measure again: hespas-ml host-cpu --measure)"))
     return 0
-
