@@ -47,6 +47,10 @@ def register(sub) -> None:
                                    "cached), or re-measure it: a measurement taken while the machine was busy "
                                    "reads low, and profiling surrogates compare machines by these rates.")
     p.add_argument("--measure", action="store_true", help="measure again now (run it on a quiet machine)")
+    p.add_argument("--steadiness", action="store_true",
+                   help="also check how well timings repeat here (the profiling labeller's floor; run it "
+                        "before a long profiling build)")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the steadiness check (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_host_cpu)
 
@@ -172,10 +176,16 @@ def cmd_host_cpu(args) -> int:
     target = measure_host_cpu(force=args.measure)
     m = dict(target.measured)
     path = host_cpu_cache_path()
+    steadiness = None
+    if args.steadiness:
+        from ..label.steadiness import check_steadiness
+
+        steadiness = check_steadiness(args.seconds, progress=not args.json and sys.stdout.isatty())
     if args.json:
         print(json.dumps({"cache": str(path) if m else None, "matrix_flops": target.matrix_flops,
-                          "vector_flops": target.vector_flops, "mem_bw": target.mem_bw, "measured": m}, indent=2))
-        return 0
+                          "vector_flops": target.vector_flops, "mem_bw": target.mem_bw, "measured": m,
+                          **({"steadiness": steadiness.to_dict()} if steadiness else {})}, indent=2))
+        return 0 if steadiness is None or steadiness.steady else 1
     if not m:
         print(f"host-cpu: not measured (the measurement failed); fallback values of {target.name}")
     else:
@@ -187,4 +197,7 @@ def cmd_host_cpu(args) -> int:
           f"memory {_si(target.mem_bw, 'B/s')}")
     if m:
         print(f"  cached in {path}" + ("" if args.measure else " (measure again: hespas-ml host-cpu --measure)"))
+    if steadiness is not None:
+        print(steadiness.summary())
+        return 0 if steadiness.steady else 1
     return 0

@@ -156,7 +156,9 @@ def build_dataset(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[
         timings.update({f"label_{k}_s": v["seconds"] for k, v in label_stats.items()})
         t2 = time.perf_counter()
         run = {"timings": timings, "new": {**prog_stats,
-                                           **{f"labels_new_{k}": v["labels_new"] for k, v in label_stats.items()}}}
+                                           **{f"labels_new_{k}": v["labels_new"] for k, v in label_stats.items()},
+                                           **{f"{k}_steadiness": v["steadiness"] for k, v in label_stats.items()
+                                              if v.get("steadiness")}}}
         summary = write_tables(spec, cache, hashes, run, progress=progress)
         summary["timings"]["tables_s"] = time.perf_counter() - t2
         summary["timings"]["total_s"] = time.perf_counter() - t0

@@ -18,18 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import time
+import warnings
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..ingest.errors import HespasError
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
-from .fidelity import Label
+from .fidelity import FidelityError, Label
 from .registry import get_fidelity
 from .region_records import region_from_record
 
 DETERMINISTIC = frozenset({"roofline", "scalesim"})
 STANDALONE = frozenset({"roofline", "scalesim"})     # fidelities that can label a rebuilt region
+STEADINESS_MIN_LABELS = 500      # a profiling stage this long starts with a timing steadiness check …
+STEADINESS_S = 15.0              # … of about this many seconds
+STEADINESS_LOG = "steadiness.jsonl"
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool):
@@ -224,6 +230,9 @@ def build_labels(spec: DatasetSpec, cache: BuildCache, hashes: list[str], worker
             stats[fs.name] = {"labels_new": 0, "seconds": 0.0}
             continue
         fidelity = make_fidelity(fs, workers)
+        stats[fs.name] = {}
+        if fs.name == "profiling" and total >= STEADINESS_MIN_LABELS:
+            stats[fs.name]["steadiness"] = _steadiness_first(fidelity, total, cache.dir)
         bar = progress_bar(total, f"label {fs.name}", "label", progress)
         try:
             if fs.name in STANDALONE:
@@ -253,5 +262,29 @@ def build_labels(spec: DatasetSpec, cache: BuildCache, hashes: list[str], worker
             close = getattr(fidelity, "close", None)
             if callable(close):
                 close()
-        stats[fs.name] = {"labels_new": total, "seconds": time.perf_counter() - t0}
+        stats[fs.name].update(labels_new=total, seconds=time.perf_counter() - t0)
     return stats
+
+
+def _steadiness_first(fidelity, pending: int, folder) -> dict[str, Any] | None:
+    """Before a long profiling stage: how well this machine's timings repeat (see
+    :mod:`~hespas_ml.label.steadiness`), printed, warned about when unsteady, appended to the build
+    folder's ``STEADINESS_LOG`` (one JSON line per check, so every stage's conditions stay on record) and
+    returned for the manifest."""
+    from .steadiness import check_steadiness
+
+    try:
+        report = check_steadiness(STEADINESS_S, fidelity)
+    except FidelityError as exc:
+        print(f"timing steadiness: not checked ({exc})", file=sys.stderr, flush=True)
+        return None
+    print(f"{report.summary()} ({pending} profiling labels to take)", file=sys.stderr, flush=True)
+    record = {"checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pending": pending,
+              **report.to_dict()}
+    with open(Path(folder) / STEADINESS_LOG, "a", encoding="utf-8") as log:
+        log.write(json.dumps(record) + "\n")
+    if not report.steady:
+        warnings.warn(f"profiling labels will be taken on an unsteady machine: {100 * report.p90_dev:.0f} % p90 "
+                      "between timings of the same kernel (hespas-ml host-cpu --steadiness checks it again)",
+                      RuntimeWarning, stacklevel=3)
+    return report.to_dict()

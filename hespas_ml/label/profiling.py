@@ -32,6 +32,11 @@ pinned core with 10 ms samples spread by ~3 %, and labels a model learns from mu
 is part of the label's ``device`` (and so of the cache key). Whole-program measurements for studies
 (:mod:`hespas_ml.use.study_measure`) keep every core: they are the machine as it runs.
 
+**Steadiness.** Labels repeat only as well as the machine's timings do: a shared VM whose speed wanders with
+its neighbours gives labels no surrogate can learn to better than that wandering.
+:mod:`hespas_ml.label.steadiness` times reference kernels through :meth:`ProfilingFidelity.time_module`
+(exactly as regions are timed) to say so in seconds; a long profiling stage of a dataset build runs it first.
+
 **Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
 GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
 :class:`FidelityError`.
@@ -162,6 +167,19 @@ class ProfilingFidelity:
             self.stats["failed"] += sum(1 for it in items if it.label.status != "ok")
             self.stats["worker_starts"] = sum(w.starts for w in self._workers.values())
             return [it.label for it in items]
+
+    def time_module(self, text: str, target: Target | str = HOST_CPU, measure_s: float | None = None) -> dict[str, Any]:
+        """Time one StableHLO module (text) as a region is timed, never cached: the worker's result
+        (``median_s``, ``iqr_s``, … and ``device``); FidelityError when it cannot be compiled or run."""
+        with self._lock:
+            worker = self._worker_for(target)
+            request = self._request(text)
+            if measure_s is not None:
+                request["measure_s"] = float(measure_s)
+            result = worker.profile(request, self.budget_s, self.lock_timeout_s)
+            if "error" in result:
+                raise FidelityError(f"profiling: {result['error']}")
+            return {**result, **self._identity(worker)}
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -491,3 +492,29 @@ def test_snapshot_of_a_build_matches_its_tables_and_leaves_it_alone(smoke, tmp_p
         snapshot_dataset(spec, out, out)
     with pytest.raises(DatasetError, match="no dataset build"):
         snapshot_dataset(spec, tmp_path / "nothing", tmp_path / "snap2")
+
+
+def test_a_long_profiling_stage_starts_with_a_steadiness_check(tmp_path, monkeypatch, capsys):
+    from hespas_ml.label import dataset_labels
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(dataset_labels, "STEADINESS_MIN_LABELS", 1)     # this tiny stage counts as long
+    monkeypatch.setattr(dataset_labels, "STEADINESS_S", 0.5)
+    good = tmp_path / "dot.mlir"
+    good.write_text(mlp_program(1, dim=64))
+    path = write_spec(tmp_path, f"""
+        programs: [{{mlir: [{good.name}]}}]
+        fidelities:
+          profiling: {{targets: [host-cpu], measure_s: 0.05}}
+        """)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)                  # a busy test machine is told so
+        summary = build_dataset(path, tmp_path / "out", progress=False)
+    check = summary["this_run"]["profiling_steadiness"]
+    assert check["rounds"] >= 3 and check["p90_dev"] >= check["median_dev"] >= 0 and "steady" in check
+    assert "timing steadiness:" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["this_run"]["profiling_steadiness"]["rounds"] == check["rounds"]
+    again = build_dataset(path, tmp_path / "out", progress=False)        # nothing left to label: no check …
+    assert "profiling_steadiness" not in again["this_run"]
+    (logged,) = (tmp_path / "out" / "steadiness.jsonl").read_text().splitlines()   # … and the first stays on record
+    assert json.loads(logged)["times"] == check["times"] and json.loads(logged)["pending"] >= 1

@@ -355,6 +355,19 @@ def test_host_cpu_command_shows_and_remeasures_the_cached_target(host_cache: Pat
     assert after.measured["key"] == before.measured["key"] and after.matrix_flops["f32"] > 1e9
 
 
+def test_host_cpu_command_checks_timing_steadiness(host_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from hespas_ml.cli.main import main
+
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(host_cache))
+    code = main(["host-cpu", "--steadiness", "--seconds", "1", "--json"])
+    check = json.loads(capsys.readouterr().out)["steadiness"]
+    assert code == (0 if check["steady"] else 1)                  # scripts can stop before a long build
+    assert check["rounds"] >= 3 and set(check["kernels"]) == {"gemm_256", "stream_4m", "reduce_rows"}
+    code = main(["host-cpu", "--steadiness", "--seconds", "1"])
+    out = capsys.readouterr().out
+    assert "timing steadiness: " in out and ("UNSTEADY" in out) == (code == 1)
+
+
 def test_corrupt_host_cache_is_remeasured(host_cache: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     (cached,) = host_cache.glob("host-cpu-*.yaml")
