@@ -107,9 +107,11 @@ def dataset_info(path) -> dict:
         if status != "ok":
             key = f"{fid}: {str(reason)[:120]}"
             reasons[key] = reasons.get(key, 0) + 1
+    checks = ds.steadiness()
     return {"path": str(ds.path), "counts": ds.manifest.get("counts", {}), "families": per_family,
             "labels": per_label, "failed_programs": failures,
-            "label_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:20])}
+            "label_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:20]),
+            "steadiness": [{k: v for k, v in c.items() if k != "times"} for c in checks]}
 
 
 def cmd_info(args) -> int:
@@ -131,6 +133,9 @@ def cmd_info(args) -> int:
         for tgt, statuses in sorted(per_target.items()):
             other = sum(v for k, v in statuses.items() if k != "ok")
             w(f"  {fid:<9} {tgt:<18} {statuses.get('ok', 0):>6} {other:>8}\n")
+    if "profiling" in info["labels"]:
+        from ..label.steadiness import describe_log
+        w(f"\nprofiling machine's timing steadiness: {describe_log(info['steadiness'])}\n")
     if info["failed_programs"]:
         w("\nfailed programs\n")
         for f in info["failed_programs"]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import shutil
 import time
 from collections import deque
 from pathlib import Path
@@ -174,6 +175,7 @@ def snapshot_dataset(spec_path: str | os.PathLike[str], build_dir: str | os.Path
     import sqlite3
 
     from .dataset_cache import CACHE_FILE
+    from .steadiness import LOG_FILE
 
     spec = load_spec(spec_path)
     source = Path(build_dir) / CACHE_FILE
@@ -192,6 +194,9 @@ def snapshot_dataset(spec_path: str | os.PathLike[str], build_dir: str | os.Path
         dst.close()
     except sqlite3.Error as exc:
         raise DatasetError(f"{source}: cannot snapshot the cache database ({exc})") from None
+    log = Path(build_dir) / LOG_FILE                 # the checks of the machine the labels were taken on
+    if log.is_file():
+        shutil.copyfile(log, out / LOG_FILE)
     with BuildCache(out) as cache:
         hashes = scope_hashes(spec, cache)
         summary = write_tables(spec, cache, hashes, {"timings": {}, "new": {}, "snapshot_of": str(build_dir)},

@@ -21,7 +21,6 @@ import math
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..ingest.errors import HespasError
@@ -35,7 +34,6 @@ DETERMINISTIC = frozenset({"roofline", "scalesim"})
 STANDALONE = frozenset({"roofline", "scalesim"})     # fidelities that can label a rebuilt region
 STEADINESS_MIN_LABELS = 500      # a profiling stage this long starts with a timing steadiness check …
 STEADINESS_S = 15.0              # … of about this many seconds
-STEADINESS_LOG = "steadiness.jsonl"
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool):
@@ -269,9 +267,9 @@ def build_labels(spec: DatasetSpec, cache: BuildCache, hashes: list[str], worker
 def _steadiness_first(fidelity, pending: int, folder) -> dict[str, Any] | None:
     """Before a long profiling stage: how well this machine's timings repeat (see
     :mod:`~hespas_ml.label.steadiness`), printed, warned about when unsteady, appended to the build
-    folder's ``STEADINESS_LOG`` (one JSON line per check, so every stage's conditions stay on record) and
+    folder's ``steadiness.jsonl`` (one JSON line per check, so every stage's conditions stay on record) and
     returned for the manifest."""
-    from .steadiness import check_steadiness
+    from .steadiness import append_log, check_steadiness
 
     try:
         report = check_steadiness(STEADINESS_S, fidelity)
@@ -279,10 +277,8 @@ def _steadiness_first(fidelity, pending: int, folder) -> dict[str, Any] | None:
         print(f"timing steadiness: not checked ({exc})", file=sys.stderr, flush=True)
         return None
     print(f"{report.summary()} ({pending} profiling labels to take)", file=sys.stderr, flush=True)
-    record = {"checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pending": pending,
-              **report.to_dict()}
-    with open(Path(folder) / STEADINESS_LOG, "a", encoding="utf-8") as log:
-        log.write(json.dumps(record) + "\n")
+    append_log(folder, {"checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pending": pending,
+                        **report.to_dict()})
     if not report.steady:
         warnings.warn(f"profiling labels will be taken on an unsteady machine: {100 * report.p90_dev:.0f} % p90 "
                       "between timings of the same kernel (hespas-ml host-cpu --steadiness checks it again)",

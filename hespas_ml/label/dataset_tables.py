@@ -243,6 +243,14 @@ class Dataset:
     def hashes(self) -> list[str]:
         return list(self.regions["hash"])
 
+    def steadiness(self) -> list[dict[str, Any]]:
+        """The timing steadiness checks that opened its profiling stages (:mod:`.steadiness`; oldest first)."""
+        from .steadiness import read_log
+        try:
+            return read_log(self.path)
+        except (OSError, ValueError) as exc:
+            raise DatasetError(str(exc)) from None
+
 
 def _read_table(path: Path, required: tuple[str, ...], columns: list[str] | None = None):
     import pyarrow as pa

@@ -21,9 +21,11 @@ is the steady VM's labeller repeatability; the check itself has not yet been run
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from .fidelity import FidelityError
 
 STEADY_P90 = 0.05          # |round / median - 1| at the 90th percentile above this: unsteady
 ROUND_MEASURE_S = 0.2      # seconds of sampling per kernel per round
+LOG_FILE = "steadiness.jsonl"   # in a dataset folder: one JSON line per check that opened a profiling stage
 
 
 @dataclass
@@ -146,4 +149,40 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
     return Steadiness.from_times(times, time.perf_counter() - start, float(np.median(noise)), device)
 
 
-__all__ = ["STEADY_P90", "Steadiness", "check_steadiness", "deviations", "reference_modules"]
+def append_log(folder: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Add one check to a dataset folder's :data:`LOG_FILE`."""
+    with open(Path(folder) / LOG_FILE, "a", encoding="utf-8") as log:
+        log.write(json.dumps(record) + "\n")
+
+
+def read_log(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The checks logged in a dataset folder (none: an empty list); ValueError naming the file and line
+    when a line is not a check."""
+    path = Path(folder) / LOG_FILE
+    if not path.is_file():
+        return []
+    checks = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            check = json.loads(line)
+            if not isinstance(check, dict) or not isinstance(check.get("p90_dev"), (int, float)):
+                raise ValueError("no p90_dev")
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: not a steadiness check ({exc})") from None
+        checks.append(check)
+    return checks
+
+
+def describe_log(checks: list[dict[str, Any]]) -> str:
+    """One phrase on the labelling machine's steadiness, for dataset info and model cards."""
+    if not checks:
+        return "not checked (built before the check existed, or no profiling stage of 500+ labels)"
+    p90 = [100 * c["p90_dev"] for c in checks]
+    unsteady = sum(1 for v in p90 if v > 100 * STEADY_P90)
+    spread = f"{min(p90):.1f} %" if len(p90) == 1 else f"{min(p90):.1f}-{max(p90):.1f} %"
+    verdict = "steady" if not unsteady else f"UNSTEADY in {unsteady} of {len(p90)}"
+    return f"{len(p90)} check(s), p90 {spread} between timings of a kernel ({verdict}; line {100 * STEADY_P90:.0f} %)"
+
+
+__all__ = ["LOG_FILE", "STEADY_P90", "Steadiness", "append_log", "check_steadiness", "describe_log", "deviations",
+           "read_log", "reference_modules"]

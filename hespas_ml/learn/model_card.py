@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..label.steadiness import describe_log
+
 
 def _pct(v: Any) -> str:
     return "-" if v is None or v != v else f"{100 * float(v):.2f}%"
@@ -31,7 +33,9 @@ def model_card(out, dataset, command: str) -> str:
              f"{m.get('created', '?')}): {len(dataset.regions)} unique regions; {c.fidelity} labels: "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
              f"* targets learned: {', '.join(s.trained_on.get('targets', [])) or '-'}",
-             f"* families in training: {', '.join(s.trained_on.get('families', [])) or '-'}", "",
+             f"* families in training: {', '.join(s.trained_on.get('families', [])) or '-'}",
+             *([f"* labelling machine's timing steadiness: {describe_log(dataset.steadiness())}"]
+               if c.fidelity == "profiling" else []), "",
              "## Split", "",
              f"* kind: `{c.split}`, holdout {c.holdout or 'default'} (see `hespas_ml/learn/splits.py`), seed {c.seed}",
              f"* rows: {out.split_sizes.get('train')} train, {out.split_sizes.get('val')} validation "

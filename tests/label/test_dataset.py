@@ -23,7 +23,7 @@ import pytest
 from conftest import PROJECT_ROOT, shared_path
 from hespas_ml.cli.main import main
 from hespas_ml.ingest.stablehlo import parse_module
-from hespas_ml.label.dataset import build_dataset, load_dataset
+from hespas_ml.label.dataset import build_dataset, load_dataset, snapshot_dataset
 from hespas_ml.label.dataset_cache import DatasetError
 from hespas_ml.label.dataset_spec import DatasetSpecError, load_spec
 from hespas_ml.label.dataset_tables import GRAPH_COLUMNS, LABEL_COLUMNS, REGION_COLUMNS
@@ -516,5 +516,13 @@ def test_a_long_profiling_stage_starts_with_a_steadiness_check(tmp_path, monkeyp
     assert manifest["this_run"]["profiling_steadiness"]["rounds"] == check["rounds"]
     again = build_dataset(path, tmp_path / "out", progress=False)        # nothing left to label: no check …
     assert "profiling_steadiness" not in again["this_run"]
-    (logged,) = (tmp_path / "out" / "steadiness.jsonl").read_text().splitlines()   # … and the first stays on record
-    assert json.loads(logged)["times"] == check["times"] and json.loads(logged)["pending"] >= 1
+    (logged,) = load_dataset(tmp_path / "out").steadiness()              # … and the first stays on record
+    assert logged["times"] == check["times"] and logged["pending"] >= 1
+    assert main(["dataset", "info", str(tmp_path / "out")]) == 0
+    assert "profiling machine's timing steadiness: 1 check(s), p90 " in capsys.readouterr().out
+    snapshot_dataset(path, tmp_path / "out", tmp_path / "snap", progress=False)   # a snapshot keeps the record
+    assert load_dataset(tmp_path / "snap").steadiness() == [logged]
+    with open(tmp_path / "out" / "steadiness.jsonl", "a") as log:
+        log.write("{oops\n")
+    with pytest.raises(DatasetError, match=r"steadiness.jsonl:2: not a steadiness check"):
+        load_dataset(tmp_path / "out").steadiness()

@@ -68,6 +68,16 @@ def test_train_registers_a_version_and_saves_a_model_card(trained):
     assert (trained["saved"] / "weights.pt").is_file() and (trained["saved"] / "surrogate.json").is_file()
 
 
+def test_a_profiling_model_card_says_how_steady_the_labelling_machine_was(trained, smoke_ds):
+    root = trained["root"]
+    code, out, err = run("train", "--dataset", smoke_ds.path, "--fidelity", "profiling", "--config", root / "tiny.yaml",
+                         "--tracking-uri", root / "store", "--save", root / "profiling", "--json")
+    assert code == 0, err
+    card = (root / "profiling" / "MODEL_CARD.md").read_text()
+    assert "* labelling machine's timing steadiness: not checked" in card       # the smoke build is too short
+    assert "timing steadiness" not in (trained["saved"] / "MODEL_CARD.md").read_text()   # roofline: no machine
+
+
 def test_predict_from_the_registry_matches_the_saved_model(trained):
     code, out, err = run("predict", MLP, "--fidelity", "roofline", "--model", f"{NAME}@champion", "--target", "H100",
                          "--tracking-uri", trained["store"], "--json")
