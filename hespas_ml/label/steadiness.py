@@ -113,6 +113,8 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
     profiling labeller (``fidelity``: a :class:`~hespas_ml.label.profiling.ProfilingFidelity`, default
     the labeller's defaults) and report how well the timings repeat. Raises FidelityError when the
     kernels cannot be timed."""
+    from tqdm import tqdm
+
     from .profiling import ProfilingFidelity
     from .targets import HOST_CPU
 
@@ -124,8 +126,6 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
     times: dict[str, list[float]] = {name: [] for name in modules}
     noise: list[float] = []
     device = ""
-    from tqdm import tqdm
-
     bar = tqdm(total=round(seconds), desc="timing steadiness", unit="s", disable=not progress, leave=False,
                bar_format="{desc}: {n:.0f}/{total} s |{bar}|")
     start = time.perf_counter()
@@ -136,7 +136,7 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
                 times[name].append(float(result["median_s"]))
                 noise.append(float(result["iqr_s"]) / float(result["median_s"]))
                 device = result.get("device", device)
-            rounds = len(times["gemm_256"])
+            rounds = min(len(t) for t in times.values())
             elapsed = time.perf_counter() - start
             bar.update(min(elapsed, seconds) - bar.n)
             bar.set_description_str(f"timing steadiness, round {rounds}")
