@@ -2,8 +2,9 @@
 
 A region's ops are cut out of its program as a standalone module (:mod:`hespas_ml.ingest.extract`),
 compiled through the PJRT client of jax's backend (CPU here; the GPU where one exists) and executed on
-random inputs of the right shapes and element types. The label is the median time of one execution;
-``meta`` keeps the spread and how it was measured:
+random inputs of the right shapes and element types. The label is the median time of one execution
+(``statistic="min"``: the fastest sample, see **Steadiness**); ``meta`` keeps the spread and how it was
+measured:
 
 * ``median_s``, ``iqr_s``, ``rel_iqr`` (IQR / median: the noise figure), ``q1_s``, ``q3_s``, ``min_s``,
   ``mean_s``; ``repeats`` (samples), ``calls_per_sample``, ``stop`` (why sampling stopped: ``stable``,
@@ -36,6 +37,13 @@ is part of the label's ``device`` (and so of the cache key). Whole-program measu
 its neighbours gives labels no surrogate can learn to better than that wandering.
 :mod:`hespas_ml.label.steadiness` times reference kernels through :meth:`ProfilingFidelity.time_module`
 (exactly as regions are timed) to say so in seconds; a long profiling stage of a dataset build runs it first.
+On such a machine ``statistic="min"`` (the fastest sample, the whole ``measure_s`` sampled, no early stop)
+repeats far better than the median: on a 2-vCPU VM that read 20-33 % p90 in the check, 68 regions timed
+twice with ``measure_s=2`` differed by 2.2-2.3 % (median) and 6.6-7.4 % (p90) with the minimum against
+3.4-5.4 % and 13-34 % with the median of the same samples (3.2-3.5 % / 22-29 % against 4.8-5.3 % / 28-36 %
+at the default ``measure_s=1``). The minimum is the region's time in the machine's fastest
+state, a few percent below the median; labels of one dataset folder all use one statistic (it is an option,
+so part of the folder's fingerprint).
 
 **Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
 GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
@@ -74,6 +82,7 @@ MODULE_NAME = "region"            # every extracted module gets this name, so id
 START_TIMEOUT_S = 180.0           # importing jax and starting the backend in the worker
 GPU_BACKENDS = ("gpu", "cuda", "rocm")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
+STATISTICS = ("median", "min")            # which sample statistic is the label
 
 
 @dataclass
@@ -96,6 +105,7 @@ class ProfilingFidelity:
     ``target_noise``: sampling stops early once IQR / median is below it and the median has settled.
     ``sample_s``: the shortest sample (short regions are executed several times per sample).
     ``cores``: pin the CPU worker to that many cores (default 1; None: every core; see **Cores** above).
+    ``statistic``: ``median`` (default) or ``min`` of the samples (then sampling never stops early).
     ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
     median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
     time. ``lock_timeout_s``: how long to wait for
@@ -108,7 +118,7 @@ class ProfilingFidelity:
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
-                 cache_max_noise: float = 0.10, cores: int | None = 1):
+                 cache_max_noise: float = 0.10, cores: int | None = 1, statistic: str = "median"):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):
@@ -118,6 +128,9 @@ class ProfilingFidelity:
             raise FidelityError(f"profiling: need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}")
         if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):
             raise FidelityError(f"profiling: cores must be a whole number >= 1 (or null: every core), got {cores!r}")
+        if statistic not in STATISTICS:
+            raise FidelityError(f"profiling: statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+        self.statistic = statistic
         self.cores = cores
         self.budget_s = float(budget_s)
         self.measure_s = float(measure_s)
@@ -268,7 +281,8 @@ class ProfilingFidelity:
     def _request(self, text: str) -> dict[str, Any]:
         return {"text": text, "lock": self.lock_path(), "lock_timeout_s": self.lock_timeout_s,
                 "measure_s": self.measure_s, "min_repeats": self.min_repeats, "max_repeats": self.max_repeats,
-                "target_noise": self.target_noise, "sample_s": self.sample_s, "seed": self.seed}
+                "target_noise": self.target_noise, "sample_s": self.sample_s, "seed": self.seed,
+                "early_stop": self.statistic == "median"}
 
     def _identity(self, worker: _Worker) -> dict[str, str]:
         """Backend, device and jax version the labels are measured on (the cache key's second half)."""
@@ -291,7 +305,8 @@ class ProfilingFidelity:
             return Label(math.nan, "failed", meta)
         median = float(result["median_s"])
         meta["rel_iqr"] = float(result["iqr_s"]) / median if median > 0 else math.inf
-        return Label(median, "ok", meta)
+        meta["statistic"] = self.statistic
+        return Label(float(result[f"{self.statistic}_s"]), "ok", meta)
 
     def _quiet_enough(self, result: dict[str, Any]) -> bool:
         median = float(result.get("median_s") or 0.0)
@@ -302,9 +317,9 @@ class ProfilingFidelity:
             return None
         return cache_dir() / "profiling" if self.cache is True else Path(self.cache)
 
-    @staticmethod
-    def _cache_key(digest: str, identity: dict[str, str]) -> dict[str, Any]:
-        return {"v": CACHE_VERSION, "module_sha256": digest, **identity}
+    def _cache_key(self, digest: str, identity: dict[str, str]) -> dict[str, Any]:
+        window = {"window": "full"} if self.statistic == "min" else {}    # a minimum needs the whole window
+        return {"v": CACHE_VERSION, "module_sha256": digest, **identity, **window}
 
     def _cache_file(self, key: dict[str, Any]) -> Path | None:
         folder = self._cache_dir()

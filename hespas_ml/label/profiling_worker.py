@@ -137,7 +137,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 
 def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_repeats: int,
-            target_noise: float, sample_s: float) -> dict[str, Any]:
+            target_noise: float, sample_s: float, early_stop: bool = True) -> dict[str, Any]:
     """Time ``call`` (which blocks until its work is done) in about ``measure_s`` seconds at most.
 
     Warm-up, then samples of ``calls`` back-to-back calls each (a sample lasts about ``sample_s``).
@@ -147,6 +147,7 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
     at ``min_repeats`` · 2^k samples the median moved by less than ``target_noise`` / 2 and the IQR by
     less than 10 % of the median: ``iqr_stable``), or after ``max_repeats`` samples. Once ``measure_s``
     (warm-up included) is spent sampling stops (``measure_s``), with one sample at least.
+    ``early_stop=False``: neither ``stable`` nor ``iqr_stable`` stops it (a minimum wants the whole window).
     """
     start = time.perf_counter()
     call()
@@ -175,7 +176,7 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
             if time.perf_counter() - start >= measure_s:
                 stop = "measure_s"
                 break
-            if n < min_repeats:
+            if n < min_repeats or not early_stop:
                 continue
             s = _summary(samples)
             med, iqr = s["median_s"], s["iqr_s"]
@@ -259,7 +260,7 @@ class Profiler:
 
         try:
             result = measure(call, request["measure_s"], request["min_repeats"], request["max_repeats"],
-                             request["target_noise"], request["sample_s"])
+                             request["target_noise"], request["sample_s"], request.get("early_stop", True))
         except Exception as exc:  # noqa: BLE001
             return {"error": f"XLA failed running it: {_first_line(exc)}", "kind": "run"}
         result["compile_s"] = compile_s

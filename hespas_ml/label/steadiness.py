@@ -64,7 +64,8 @@ class Steadiness:
                 f"{100 * self.p90_dev:.1f} % (p90); drift {100 * self.drift:+.1f} %")
         if not self.steady:
             line += (f"; profiling labels taken here will be that noisy (above {100 * STEADY_P90:.0f} % p90): "
-                     "stop other work, or label on a quieter machine")
+                     "stop other work, label on a quieter machine, or take the fastest sample "
+                     "(profiling options statistic: min, measure_s: 2)")
         return line
 
     def to_dict(self) -> dict[str, Any]:

@@ -128,6 +128,23 @@ def test_one_pinned_core_by_default_and_every_core_keys_the_cache_apart(kernels,
             ProfilingFidelity(cores=bad)
 
 
+def test_the_minimum_statistic_samples_the_whole_window_and_keys_the_cache_apart(kernels, host):
+    regions, labels, _, cache, _ = kernels
+    assert all(label.meta["statistic"] == "median" for label in labels)
+    with ProfilingFidelity(cache=cache, cache_max_noise=1e9, statistic="min", measure_s=0.3) as fid:
+        fastest = fid.label_regions(regions, host)
+        assert fid.stats["timed"] == 3 and fid.stats["cached"] == 0    # median labels' windows may be cut short
+    for label in fastest:
+        m = label.meta
+        assert label.seconds == m["min_s"] <= m["median_s"] and m["statistic"] == "min"
+        assert m["stop"] in ("measure_s", "max_repeats")              # no early stop: the whole window
+    with ProfilingFidelity(cache=cache, statistic="min", measure_s=0.3) as fid:
+        assert [b.seconds for b in fid.label_regions(regions, host)] == [a.seconds for a in fastest]
+        assert fid.stats["cached"] == 3
+    with pytest.raises(FidelityError, match="statistic must be one of median, min"):
+        ProfilingFidelity(statistic="mean")
+
+
 def test_labels_timed_under_too_much_noise_are_not_cached(kernels, host, tmp_path):
     regions = kernels[0]
     with ProfilingFidelity(cache=tmp_path / "c", cache_max_noise=1e-12, **FAST) as fid:
