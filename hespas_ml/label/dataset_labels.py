@@ -276,7 +276,9 @@ def _steadiness_first(fidelity, pending: int, folder) -> dict[str, Any] | None:
     except FidelityError as exc:
         print(f"timing steadiness: not checked ({exc})", file=sys.stderr, flush=True)
         return None
-    print(f"{report.summary()} ({pending} profiling labels to take)", file=sys.stderr, flush=True)
+    statistic = getattr(fidelity, "statistic", "median")
+    print(f"{report.summary(statistic)} ({pending} profiling labels to take, statistic {statistic})", file=sys.stderr,
+          flush=True)
     append_log(folder, {"checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pending": pending,
                         **report.to_dict()})
     if not report.steady:

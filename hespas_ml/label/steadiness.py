@@ -56,16 +56,18 @@ class Steadiness:
     def steady(self) -> bool:
         return self.p90_dev <= STEADY_P90
 
-    def summary(self) -> str:
-        """One line: the verdict and the figures behind it."""
+    def summary(self, statistic: str = "median") -> str:
+        """One line: the verdict and the figures behind it (and, on an unsteady machine, what to do about it:
+        the fastest-sample statistic is suggested unless the labels already use it)."""
         verdict = "steady" if self.steady else "UNSTEADY"
         line = (f"timing steadiness: {verdict}: {self.rounds} rounds in {self.seconds:.0f} s, one timing of a "
                 f"kernel differs from its median by {100 * self.median_dev:.1f} % (median), "
                 f"{100 * self.p90_dev:.1f} % (p90); drift {100 * self.drift:+.1f} %")
         if not self.steady:
-            line += (f"; profiling labels taken here will be that noisy (above {100 * STEADY_P90:.0f} % p90): "
-                     "stop other work, label on a quieter machine, or take the fastest sample "
-                     "(profiling options statistic: min, measure_s: 2)")
+            line += (f"; profiling medians taken here will be that noisy (above {100 * STEADY_P90:.0f} % p90): "
+                     "stop other work, label on a quieter machine"
+                     + (", or take the fastest sample (profiling options statistic: min, measure_s: 2)"
+                        if statistic != "min" else " (the fastest sample, taken here, repeats better)"))
         return line
 
     def to_dict(self) -> dict[str, Any]:

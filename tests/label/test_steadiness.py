@@ -21,9 +21,11 @@ def test_figures_of_steady_and_unsteady_rounds():
     assert steady.steady and steady.p90_dev <= 0.011 and abs(steady.drift) < 0.02 and steady.rounds == 4
     assert "steady" in steady.summary() and "UNSTEADY" not in steady.summary()
     # a machine that slows down by 30 % half way: spread and drift show it
-    slowing = Steadiness.from_times({"a": [1.0, 1.0, 1.0, 1.3, 1.3, 1.3], "b": [2.0, 2.0, 2.0, 2.6, 2.6, 2.6]}, 6.0, 0.01)
+    rounds = {"a": [1.0, 1.0, 1.0, 1.3, 1.3, 1.3], "b": [2.0, 2.0, 2.0, 2.6, 2.6, 2.6]}
+    slowing = Steadiness.from_times(rounds, 6.0, 0.01)
     assert not slowing.steady and slowing.p90_dev > STEADY_P90 and slowing.drift == pytest.approx(0.3)
     assert "UNSTEADY" in slowing.summary() and "quieter machine" in slowing.summary()
+    assert "statistic: min" in slowing.summary() and "statistic: min" not in slowing.summary("min")
     assert json.loads(json.dumps(slowing.to_dict()))["steady"] is False
 
 
