@@ -229,10 +229,11 @@ def build_labels(spec: DatasetSpec, cache: BuildCache, hashes: list[str], worker
             continue
         fidelity = make_fidelity(fs, workers)
         stats[fs.name] = {}
-        if fs.name == "profiling" and total >= STEADINESS_MIN_LABELS:
-            stats[fs.name]["steadiness"] = _steadiness_first(fidelity, total, cache.dir)
-        bar = progress_bar(total, f"label {fs.name}", "label", progress)
+        bar = None
         try:
+            if fs.name == "profiling" and total >= STEADINESS_MIN_LABELS:
+                stats[fs.name]["steadiness"] = _steadiness_first(fidelity, total, cache.dir)
+            bar = progress_bar(total, f"label {fs.name}", "label", progress)
             if fs.name in STANDALONE:
                 for start in range(0, len(union), fs.chunk):
                     chunk = union[start:start + fs.chunk]
@@ -256,7 +257,8 @@ def build_labels(spec: DatasetSpec, cache: BuildCache, hashes: list[str], worker
                         _label_all(fidelity, fs, cache, pending, wanted[start:start + fs.chunk], regions, bar,
                                    on_chunk)
         finally:
-            bar.close()
+            if bar is not None:
+                bar.close()
             close = getattr(fidelity, "close", None)
             if callable(close):
                 close()

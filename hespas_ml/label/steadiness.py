@@ -47,7 +47,7 @@ class Steadiness:
     p90_dev: float                                # its 90th percentile
     drift: float                                  # median ratio of the second half's times to the first's, - 1
     within: float                                 # median IQR / median inside one timing (sample noise)
-    load_avg: float | None                        # 1-minute load average at the end
+    load_avg: float | None                        # 1-minute load average after the last timing
     kernels: dict[str, dict[str, float]] = field(default_factory=dict)   # name -> median_s, p90_dev
     times: dict[str, list[float]] = field(default_factory=dict)     # name -> seconds of each round
     device: str = ""
@@ -74,19 +74,16 @@ class Steadiness:
         return {**asdict(self), "steady": self.steady}
 
     @classmethod
-    def from_times(cls, times: dict[str, list[float]], seconds: float, within: float, device: str = "") -> Steadiness:
+    def from_times(cls, times: dict[str, list[float]], seconds: float, within: float, device: str = "",
+                   load_avg: float | None = None) -> Steadiness:
         """The figures of round times (``times``: kernel -> seconds of each round, two rounds at least)."""
         dev = deviations(times)
         half = min(len(t) for t in times.values()) // 2
         drift = float(np.median([np.median(t[half:]) / np.median(t[:half]) for t in times.values()])) - 1.0
         kernels = {name: {"median_s": float(np.median(t)), "p90_dev": float(np.quantile(deviations({name: t}), 0.9))}
                    for name, t in times.items()}
-        try:
-            load = round(os.getloadavg()[0], 2)
-        except (AttributeError, OSError):
-            load = None
         return cls(rounds=min(len(t) for t in times.values()), seconds=seconds, median_dev=float(np.median(dev)),
-                   p90_dev=float(np.quantile(dev, 0.9)), drift=drift, within=within, load_avg=load,
+                   p90_dev=float(np.quantile(dev, 0.9)), drift=drift, within=within, load_avg=load_avg,
                    kernels=kernels, times={k: [float(x) for x in t] for k, t in times.items()}, device=device)
 
 
@@ -128,17 +125,16 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
     modules = reference_modules()
     times: dict[str, list[float]] = {name: [] for name in modules}
     noise: list[float] = []
-    device = ""
+    last: dict[str, Any] = {}
     bar = tqdm(total=round(seconds), desc="timing steadiness", unit="s", disable=not progress, leave=False,
                bar_format="{desc}: {n:.0f}/{total} s |{bar}|")
     start = time.perf_counter()
     try:
         while True:
             for name, text in modules.items():
-                result = fidelity.time_module(text, HOST_CPU, measure_s=ROUND_MEASURE_S)
-                times[name].append(float(result["median_s"]))
-                noise.append(float(result["iqr_s"]) / float(result["median_s"]))
-                device = result.get("device", device)
+                last = fidelity.time_module(text, HOST_CPU, measure_s=ROUND_MEASURE_S)
+                times[name].append(float(last["median_s"]))
+                noise.append(float(last["iqr_s"]) / float(last["median_s"]))
             rounds = min(len(t) for t in times.values())
             elapsed = time.perf_counter() - start
             bar.update(min(elapsed, seconds) - bar.n)
@@ -149,7 +145,8 @@ def check_steadiness(seconds: float = 20.0, fidelity=None, progress: bool = Fals
         bar.close()
         if own:
             fidelity.close()
-    return Steadiness.from_times(times, time.perf_counter() - start, float(np.median(noise)), device)
+    return Steadiness.from_times(times, time.perf_counter() - start, float(np.median(noise)), last.get("device", ""),
+                                 last.get("load_avg"))
 
 
 def append_log(folder: str | os.PathLike[str], record: dict[str, Any]) -> None:
