@@ -181,8 +181,9 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
         if names.setdefault(target.name, ref.loadable) != ref.loadable:
             raise DatasetError(f"{spec.path}: fidelities.{fs.name}.targets: two targets are named "
                                f"{target.name} ({names[target.name]} and {ref.loadable})")
-        fingerprint = fs.fingerprint() + target_fingerprint(target, fs.name)
-        if not cache.check_config(fs.name, target.name, fingerprint):
+        of_target = target_fingerprint(target, fs.name)
+        if not cache.check_config(fs.name, target.name, fs.fingerprint() + of_target,
+                                  legacy=fs.legacy_fingerprint() + of_target):
             raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with other "
                                f"options or another definition of the target; build into a new folder")
         scope = hashes[: fs.max_regions] if fs.max_regions else hashes

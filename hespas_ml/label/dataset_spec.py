@@ -92,8 +92,20 @@ class FidelitySpec:
     chunk: int = 1
 
     def fingerprint(self) -> str:
-        """What labels of this fidelity depend on besides the region and target (its options)."""
-        return hashlib.sha256(json.dumps([self.name, self.options], sort_keys=True).encode()).hexdigest()[:16]
+        """What labels of this fidelity depend on besides the region and target: its options, leaving out
+        those set to the fidelity's own default (writing a default down changes nothing)."""
+        params = inspect.signature(_fidelity_class(self.name)).parameters
+        given = {k: v for k, v in self.options.items()
+                 if k not in params or params[k].default is inspect.Parameter.empty or params[k].default != v}
+        return _options_digest(self.name, given)
+
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint folders recorded before defaults were left out (every option written counted)."""
+        return _options_digest(self.name, self.options)
+
+
+def _options_digest(name: str, options: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([name, options], sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -51,12 +51,16 @@ GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind.
 
 **Cache.** Results (and compile failures) are stored under ``$HESPAS_ML_CACHE/profiling`` (default
 ``~/.cache/hespas-ml/profiling``), one JSON file per key: the extracted module's SHA-256, backend,
-device and jax version. Identical regions (e.g. repeated layers) are timed once.
+device and jax version, plus the sampling options (``measure_s``, ``sample_s``, the repeat limits,
+``target_noise``, ``seed``) that differ from their defaults and the whole window ``statistic="min"`` needs, so
+a result measured one way never answers a request to measure another. Identical regions (e.g. repeated
+layers) are timed once.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -83,6 +87,7 @@ START_TIMEOUT_S = 180.0           # importing jax and starting the backend in th
 GPU_BACKENDS = ("gpu", "cuda", "rocm")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
+SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed")
 
 
 @dataclass
@@ -319,7 +324,15 @@ class ProfilingFidelity:
 
     def _cache_key(self, digest: str, identity: dict[str, str]) -> dict[str, Any]:
         window = {"window": "full"} if self.statistic == "min" else {}    # a minimum needs the whole window
-        return {"v": CACHE_VERSION, "module_sha256": digest, **identity, **window}
+        sampling = self._sampling()
+        return {"v": CACHE_VERSION, "module_sha256": digest, **identity, **window,
+                **({"sampling": sampling} if sampling else {})}
+
+    def _sampling(self) -> dict[str, Any]:
+        """The options that change what a timing measures, where they differ from their defaults (so a
+        request at the defaults keeps the key it always had)."""
+        defaults = inspect.signature(ProfilingFidelity.__init__).parameters
+        return {k: getattr(self, k) for k in SAMPLING_OPTIONS if getattr(self, k) != defaults[k].default}
 
     def _cache_file(self, key: dict[str, Any]) -> Path | None:
         folder = self._cache_dir()

@@ -526,3 +526,36 @@ def test_a_long_profiling_stage_starts_with_a_steadiness_check(tmp_path, monkeyp
         log.write("{oops\n")
     with pytest.raises(DatasetError, match=r"steadiness.jsonl:2: not a steadiness check"):
         load_dataset(tmp_path / "out").steadiness()
+
+
+def test_writing_a_default_down_keeps_a_folder_resumable_and_another_value_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
+
+    def spec(name: str, options: str) -> Path:
+        return write_spec(tmp_path, f"""
+            programs: [{{mlir: [dot.mlir]}}]
+            fidelities:
+              profiling: {{targets: [host-cpu], {options}}}
+            """, name)
+
+    out = tmp_path / "out"
+    plain, explicit = spec("plain.yaml", "measure_s: 0.05"), spec(
+        "explicit.yaml", "measure_s: 0.05, sample_s: 0.01, cores: 1, statistic: median, budget_s: 60")
+    assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] >= 1
+    labels = _labels(out)
+    assert build_dataset(explicit, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+    assert _labels(out) == labels                                       # the defaults written down change nothing
+    with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with other options"):
+        build_dataset(spec("other.yaml", "measure_s: 0.1"), out, progress=False)
+    # a folder that recorded every option written (as builds did before defaults were left out) resumes
+    # with its own spec, and from then on with either
+    fs = load_spec(explicit).fidelities[0]
+    db = sqlite3.connect(out / "cache.sqlite")
+    (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity='profiling'").fetchone()
+    db.execute("UPDATE label_configs SET fingerprint=?", (fs.legacy_fingerprint() + stored[len(fs.fingerprint()):],))
+    db.commit()
+    db.close()
+    assert build_dataset(explicit, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+    assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+    assert _labels(out) == labels

@@ -145,6 +145,22 @@ def test_the_minimum_statistic_samples_the_whole_window_and_keys_the_cache_apart
         ProfilingFidelity(statistic="mean")
 
 
+def test_results_measured_one_way_never_answer_a_request_to_measure_another(kernels, host):
+    regions, labels, _, cache, _ = kernels
+    # options that do not change the measurement share the fixture's results
+    with ProfilingFidelity(cache=cache, budget_s=30, lock_timeout_s=60, cache_max_noise=0.5, **FAST) as fid:
+        assert [a.seconds for a in fid.label_regions(regions, host)] == [b.seconds for b in labels]
+        assert fid.stats["cached"] == 3 and fid.stats["timed"] == 0
+    for other in ({"measure_s": 0.2}, {"sample_s": 0.02}, {"max_repeats": 50}, {"seed": 1}):
+        with ProfilingFidelity(cache=cache, cache_max_noise=1e9, **{**FAST, **other}) as fid:
+            again = fid.label_regions(regions[:1], host)
+            assert fid.stats["timed"] == 1 and fid.stats["cached"] == 0, other
+        assert again[0].status == "ok" and not again[0].meta["cached"]
+        with ProfilingFidelity(cache=cache, **{**FAST, **other}) as fid:      # and is kept under its own key
+            assert fid.label_regions(regions[:1], host)[0].seconds == again[0].seconds
+            assert fid.stats["cached"] == 1, other
+
+
 def test_labels_timed_under_too_much_noise_are_not_cached(kernels, host, tmp_path):
     regions = kernels[0]
     with ProfilingFidelity(cache=tmp_path / "c", cache_max_noise=1e-12, **FAST) as fid:
