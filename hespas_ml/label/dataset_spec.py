@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from ..ingest.errors import HespasError
+from .fidelity import options_off_default
 
 SPLITS = ("fusion", "linear", "individual")
 KNOWN_FIDELITIES = ("roofline", "scalesim", "profiling")
@@ -94,10 +95,7 @@ class FidelitySpec:
     def fingerprint(self) -> str:
         """What labels of this fidelity depend on besides the region and target: its options, leaving out
         those set to the fidelity's own default (writing a default down changes nothing)."""
-        params = inspect.signature(_fidelity_class(self.name)).parameters
-        given = {k: v for k, v in self.options.items()
-                 if k not in params or params[k].default is inspect.Parameter.empty or params[k].default != v}
-        return _options_digest(self.name, given)
+        return _options_digest(self.name, options_off_default(_fidelity_class(self.name), self.options))
 
     def legacy_fingerprint(self) -> str:
         """The fingerprint folders recorded before defaults were left out (every option written counted)."""

@@ -6,6 +6,7 @@ A fidelity is any object with a ``name`` and ``label_regions(regions, target) ->
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -23,6 +24,14 @@ class Label:
     seconds: float
     status: str = "ok"                 # "ok" | "failed"
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def options_off_default(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of fidelity class ``cls`` less those equal to its constructor's default (so that writing a
+    default down changes no key or fingerprint)."""
+    params = inspect.signature(cls).parameters
+    return {k: v for k, v in options.items()
+            if k not in params or params[k].default is inspect.Parameter.empty or params[k].default != v}
 
 
 def label_caveats(labels) -> list[str]:

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -76,7 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .fidelity import FidelityError, Label
+from .fidelity import FidelityError, Label, options_off_default
 from ..host import cache_dir, cpu_model, package_version, schedulable_cores
 from .profiling_worker import CORES_ENV
 from .targets import HOST_CPU, Target
@@ -331,8 +330,7 @@ class ProfilingFidelity:
     def _sampling(self) -> dict[str, Any]:
         """The options that change what a timing measures, where they differ from their defaults (so a
         request at the defaults keeps the key it always had)."""
-        defaults = inspect.signature(ProfilingFidelity.__init__).parameters
-        return {k: getattr(self, k) for k in SAMPLING_OPTIONS if getattr(self, k) != defaults[k].default}
+        return options_off_default(ProfilingFidelity, {k: getattr(self, k) for k in SAMPLING_OPTIONS})
 
     def _cache_file(self, key: dict[str, Any]) -> Path | None:
         folder = self._cache_dir()
