@@ -196,15 +196,15 @@ class BuildCache:
 
     # -- labels -------------------------------------------------------------------------------------
 
-    def check_config(self, fidelity: str, target: str, fingerprint: str, legacy: str | None = None) -> bool:
+    def check_config(self, fidelity: str, target: str, fingerprint: str, older: list[str] = ()) -> bool:
         """Record the fingerprint of (fidelity, target); False when labels were made with another one.
-        A folder that recorded the same options in an older form (``legacy``) is brought up to date."""
+        A folder that recorded the same options in an older form (one of ``older``) is brought up to date."""
         row = self.db.execute("SELECT fingerprint FROM label_configs WHERE fidelity=? AND target=?",
                               (fidelity, target)).fetchone()
         if row is None:
             self.db.execute("INSERT INTO label_configs VALUES (?, ?, ?)", (fidelity, target, fingerprint))
             return True
-        if legacy is not None and row[0] == legacy != fingerprint:
+        if row[0] != fingerprint and row[0] in older:
             self.db.execute("UPDATE label_configs SET fingerprint=? WHERE fidelity=? AND target=?",
                             (fingerprint, fidelity, target))
             return True

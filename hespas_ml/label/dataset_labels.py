@@ -183,7 +183,7 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
                                f"{target.name} ({names[target.name]} and {ref.loadable})")
         of_target = target_fingerprint(target, fs.name)
         if not cache.check_config(fs.name, target.name, fs.fingerprint() + of_target,
-                                  legacy=fs.legacy_fingerprint() + of_target):
+                                  older=[f + of_target for f in fs.older_fingerprints()]):
             raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with other "
                                f"options or another definition of the target; build into a new folder")
         scope = hashes[: fs.max_regions] if fs.max_regions else hashes

@@ -94,12 +94,18 @@ class FidelitySpec:
 
     def fingerprint(self) -> str:
         """What labels of this fidelity depend on besides the region and target: its options, leaving out
-        those set to the fidelity's own default (writing a default down changes nothing)."""
-        return _options_digest(self.name, options_off_default(_fidelity_class(self.name), self.options))
+        those set to the fidelity's own default (writing a default down changes nothing) and those that only
+        change how the fidelity runs (its ``RUN_OPTIONS``: a time limit, a cache, a worker count)."""
+        cls = _fidelity_class(self.name)
+        run = getattr(cls, "RUN_OPTIONS", ())
+        return _options_digest(self.name, {k: v for k, v in options_off_default(cls, self.options).items()
+                                           if k not in run})
 
-    def legacy_fingerprint(self) -> str:
-        """The fingerprint folders recorded before defaults were left out (every option written counted)."""
-        return _options_digest(self.name, self.options)
+    def older_fingerprints(self) -> list[str]:
+        """The fingerprints folders recorded for these options before: every option written (until
+        2026-11-25), then every option off its default."""
+        return [_options_digest(self.name, self.options),
+                _options_digest(self.name, options_off_default(_fidelity_class(self.name), self.options))]
 
 
 def _options_digest(name: str, options: dict[str, Any]) -> str:

@@ -118,6 +118,8 @@ class ProfilingFidelity:
     """
 
     name = "profiling"
+    # options that change how labels are taken, not what they are: a dataset folder resumes across them
+    RUN_OPTIONS = ("budget_s", "lock_timeout_s", "cache", "cache_max_noise")
 
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,

@@ -397,6 +397,7 @@ class ScaleSimFidelity:
     """
 
     name = "scalesim"
+    RUN_OPTIONS = ("workers",)          # how many SCALE-Sim calls at a time: never what a label is
 
     def __init__(self, budget: Budget | None = None, mode: str = "auto", analytical_tail: bool = True,
                  workers: int | None = None, cache: LayerCache | None = None,

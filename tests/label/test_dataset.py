@@ -528,7 +528,45 @@ def test_a_long_profiling_stage_starts_with_a_steadiness_check(tmp_path, monkeyp
         load_dataset(tmp_path / "out").steadiness()
 
 
-def test_writing_a_default_down_keeps_a_folder_resumable_and_another_value_is_refused(tmp_path, monkeypatch):
+def test_labels_that_overran_their_budget_are_taken_again_with_a_larger_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
+
+    def spec(budget_s: float) -> Path:
+        return write_spec(tmp_path, f"""
+            programs: [{{mlir: [dot.mlir]}}]
+            fidelities:
+              profiling: {{targets: [host-cpu], measure_s: 0.05, budget_s: {budget_s}}}
+            """, f"b{budget_s}.yaml")
+
+    out = tmp_path / "out"
+    build_dataset(spec(0.001), out, progress=False)
+    tables = load_dataset(out).labels
+    assert len(tables) >= 1 and set(tables["status"]) == {"failed"}
+    assert all("budget" in r for r in tables["reason"])
+    summary = build_dataset(spec(60), out, retry_failed=True, progress=False)
+    assert summary["this_run"]["labels_new_profiling"] == len(tables)
+    assert set(load_dataset(out).labels["status"]) == {"ok"}
+
+
+def test_scalesim_worker_count_is_not_part_of_a_folder_fingerprint_but_its_budget_is(tmp_path):
+    (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
+
+    def fingerprint(options: str) -> str:
+        path = write_spec(tmp_path, f"""
+            programs: [{{mlir: [dot.mlir]}}]
+            fidelities:
+              scalesim: {{targets: [TPUv3], {options}}}
+            """, "s.yaml")
+        return load_spec(path).fidelities[0].fingerprint()
+
+    one = fingerprint("workers: 1, budget_s: 10")
+    assert fingerprint("workers: 2, budget_s: 10") == one
+    assert fingerprint("workers: 1, budget_s: 20") != one              # overruns fall back: other labels
+
+
+def test_writing_a_default_down_or_a_run_option_keeps_a_folder_resumable_and_another_value_is_refused(
+        tmp_path, monkeypatch):
     monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path / "cache"))
     (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
 
@@ -546,16 +584,23 @@ def test_writing_a_default_down_keeps_a_folder_resumable_and_another_value_is_re
     labels = _labels(out)
     assert build_dataset(explicit, out, progress=False)["this_run"]["labels_new_profiling"] == 0
     assert _labels(out) == labels                                       # the defaults written down change nothing
+    # a longer time limit or another cache changes how labels are taken, not what they are
+    run = spec("run.yaml", "measure_s: 0.05, budget_s: 120, lock_timeout_s: 30, cache: false")
+    assert build_dataset(run, out, progress=False)["this_run"]["labels_new_profiling"] == 0
     with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with other options"):
         build_dataset(spec("other.yaml", "measure_s: 0.1"), out, progress=False)
-    # a folder that recorded every option written (as builds did before defaults were left out) resumes
-    # with its own spec, and from then on with either
-    fs = load_spec(explicit).fidelities[0]
-    db = sqlite3.connect(out / "cache.sqlite")
-    (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity='profiling'").fetchone()
-    db.execute("UPDATE label_configs SET fingerprint=?", (fs.legacy_fingerprint() + stored[len(fs.fingerprint()):],))
-    db.commit()
-    db.close()
-    assert build_dataset(explicit, out, progress=False)["this_run"]["labels_new_profiling"] == 0
-    assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+    with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with other options"):
+        build_dataset(spec("min.yaml", "measure_s: 0.05, statistic: min"), out, progress=False)
+    # a folder that recorded its options in an older form (every option written; then every option off its
+    # default) resumes with the spec it was built with, and from then on with any spec of the same labels
+    for older in load_spec(run).fidelities[0].older_fingerprints():
+        db = sqlite3.connect(out / "cache.sqlite")
+        (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity='profiling'").fetchone()
+        db.execute("UPDATE label_configs SET fingerprint=?", (older + stored[len(older):],))
+        db.commit()
+        db.close()
+        with pytest.raises(DatasetError, match=r"were made with other options"):
+            build_dataset(plain, out, progress=False)   # an old form is a digest of the options as written
+        assert build_dataset(run, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+        assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] == 0
     assert _labels(out) == labels
