@@ -196,19 +196,29 @@ class BuildCache:
 
     # -- labels -------------------------------------------------------------------------------------
 
-    def check_config(self, fidelity: str, target: str, fingerprint: str, older: list[str] = ()) -> bool:
-        """Record the fingerprint of (fidelity, target); False when labels were made with another one.
-        A folder that recorded the same options in an older form (one of ``older``) is brought up to date."""
+    def check_config(self, fidelity: str, target: str, fingerprint: str, older: Iterable[str] = (),
+                     options: dict[str, Any] | None = None) -> bool:
+        """Record the fingerprint of (fidelity, target) and the ``options`` it stands for; False when
+        labels were made with another one. A folder that recorded the same options in an older form (one
+        of ``older``) is brought up to date."""
         row = self.db.execute("SELECT fingerprint FROM label_configs WHERE fidelity=? AND target=?",
                               (fidelity, target)).fetchone()
         if row is None:
             self.db.execute("INSERT INTO label_configs VALUES (?, ?, ?)", (fidelity, target, fingerprint))
-            return True
-        if row[0] != fingerprint and row[0] in older:
+        elif row[0] != fingerprint and row[0] in set(older):
             self.db.execute("UPDATE label_configs SET fingerprint=? WHERE fidelity=? AND target=?",
                             (fingerprint, fidelity, target))
-            return True
-        return row[0] == fingerprint
+        elif row[0] != fingerprint:
+            return False
+        if options is not None:
+            self.set_meta(f"label_options/{fidelity}/{target}", json.dumps(options, sort_keys=True))
+        return True
+
+    def label_options(self, fidelity: str, target: str) -> dict[str, Any] | None:
+        """The options the (fidelity, target) labels were made with, as :meth:`check_config` recorded them
+        (None for folders built before they were recorded)."""
+        text = self.get_meta(f"label_options/{fidelity}/{target}")
+        return None if text is None else json.loads(text)
 
     def labelled(self, fidelity: str, target: str, include_failed: bool = True) -> set[str]:
         sql = "SELECT hash FROM labels WHERE fidelity=? AND target=?"

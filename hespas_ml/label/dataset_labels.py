@@ -16,6 +16,7 @@ profiling never times while SCALE-Sim runs, nor beside itself.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import sys
@@ -27,7 +28,7 @@ from ..ingest.errors import HespasError
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
 from .fidelity import FidelityError, Label
-from .registry import get_fidelity
+from .registry import fidelity_class, get_fidelity
 from .region_records import region_from_record
 
 DETERMINISTIC = frozenset({"roofline", "scalesim"})
@@ -183,15 +184,37 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
                                f"{target.name} ({names[target.name]} and {ref.loadable})")
         of_target = target_fingerprint(target, fs.name)
         if not cache.check_config(fs.name, target.name, fs.fingerprint() + of_target,
-                                  older=[f + of_target for f in fs.older_fingerprints()]):
-            raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with other "
-                               f"options or another definition of the target; build into a new folder")
+                                  older=[f + of_target for f in fs.older_fingerprints()],
+                                  options=fs.counted_options()):
+            made = _what_changed(fs, cache.label_options(fs.name, target.name))
+            raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with {made}; "
+                               f"build into a new folder")
         scope = hashes[: fs.max_regions] if fs.max_regions else hashes
         done = cache.labelled(fs.name, target.name)
         todo = {h for h in scope if h not in done}
         if todo:
             pending.append((target, todo))
     return pending
+
+
+def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:
+    """What the labels of a folder were made with that ``fs`` asks otherwise, in words."""
+    if recorded is None:
+        return "other options or another definition of the target"
+    wanted = fs.counted_options()
+    if recorded == wanted:
+        return "another definition of the target (its figures changed)"
+    defaults = {k: p.default for k, p in inspect.signature(fidelity_class(fs.name)).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
+    def shown(options: dict[str, Any], key: str) -> str:
+        if key in options:
+            return json.dumps(options[key])
+        return f"the default {json.dumps(defaults[key])}" if key in defaults else "the default"
+
+    keys = sorted(set(recorded) | set(wanted), key=lambda k: (k not in recorded, k))
+    return ", ".join(f"{k} {shown(recorded, k)} (this spec: {shown(wanted, k)})"
+                     for k in keys if recorded.get(k, ...) != wanted.get(k, ...))
 
 
 def _label_all(fidelity, fs: FidelitySpec, cache: BuildCache, pending, chunk_hashes: list[str], regions: dict,

@@ -92,14 +92,17 @@ class FidelitySpec:
     max_regions: int | None = None
     chunk: int = 1
 
-    def fingerprint(self) -> str:
-        """What labels of this fidelity depend on besides the region and target: its options, leaving out
-        those set to the fidelity's own default (writing a default down changes nothing) and those that only
-        change how the fidelity runs (its ``RUN_OPTIONS``: a time limit, a cache, a worker count)."""
+    def counted_options(self) -> dict[str, Any]:
+        """The options labels of this fidelity depend on: those written, less those at the fidelity's own
+        default (writing a default down changes nothing) and those that only change how the fidelity runs
+        (its ``RUN_OPTIONS``: a time limit, a cache, a worker count)."""
         cls = _fidelity_class(self.name)
         run = getattr(cls, "RUN_OPTIONS", ())
-        return _options_digest(self.name, {k: v for k, v in options_off_default(cls, self.options).items()
-                                           if k not in run})
+        return {k: v for k, v in options_off_default(cls, self.options).items() if k not in run}
+
+    def fingerprint(self) -> str:
+        """What labels of this fidelity depend on besides the region and target (its counted options)."""
+        return _options_digest(self.name, self.counted_options())
 
     def older_fingerprints(self) -> list[str]:
         """The fingerprints folders recorded for these options before: every option written (until

@@ -549,6 +549,22 @@ def test_labels_that_overran_their_budget_are_taken_again_with_a_larger_one(tmp_
     assert set(load_dataset(out).labels["status"]) == {"ok"}
 
 
+def test_a_folder_refuses_labels_of_a_target_whose_figures_changed_and_says_so(tmp_path):
+    (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
+    (tmp_path / "sa.yaml").write_text(SA32.read_text())
+    path = write_spec(tmp_path, """
+        programs: [{mlir: [dot.mlir]}]
+        fidelities:
+          roofline: {targets: [sa.yaml]}
+        """)
+    out = tmp_path / "out"
+    assert build_dataset(path, out, progress=False)["this_run"]["labels_new_roofline"] >= 1
+    (tmp_path / "sa.yaml").write_text(SA32.read_text().replace("mem_bw: 64e9", "mem_bw: 128e9"))
+    with pytest.raises(DatasetError, match=r"out: its roofline labels on SA-32x32 were made with another definition "
+                                           r"of the target \(its figures changed\); build into a new folder$"):
+        build_dataset(path, out, progress=False)
+
+
 def test_scalesim_worker_count_is_not_part_of_a_folder_fingerprint_but_its_budget_is(tmp_path):
     (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
 
@@ -587,9 +603,11 @@ def test_writing_a_default_down_or_a_run_option_keeps_a_folder_resumable_and_ano
     # a longer time limit or another cache changes how labels are taken, not what they are
     run = spec("run.yaml", "measure_s: 0.05, budget_s: 120, lock_timeout_s: 30, cache: false")
     assert build_dataset(run, out, progress=False)["this_run"]["labels_new_profiling"] == 0
-    with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with other options"):
+    # another value is refused, and the error says which option differs
+    with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with measure_s 0.05 "
+                                           r"\(this spec: 0.1\); build into a new folder$"):
         build_dataset(spec("other.yaml", "measure_s: 0.1"), out, progress=False)
-    with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with other options"):
+    with pytest.raises(DatasetError, match=r"were made with statistic the default \"median\" \(this spec: \"min\"\);"):
         build_dataset(spec("min.yaml", "measure_s: 0.05, statistic: min"), out, progress=False)
     # a folder that recorded its options in an older form (every option written; then every option off its
     # default) resumes with the spec it was built with, and from then on with any spec of the same labels
@@ -597,9 +615,10 @@ def test_writing_a_default_down_or_a_run_option_keeps_a_folder_resumable_and_ano
         db = sqlite3.connect(out / "cache.sqlite")
         (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity='profiling'").fetchone()
         db.execute("UPDATE label_configs SET fingerprint=?", (older + stored[len(older):],))
+        db.execute("DELETE FROM meta WHERE key LIKE 'label_options/%'")   # not recorded then
         db.commit()
         db.close()
-        with pytest.raises(DatasetError, match=r"were made with other options"):
+        with pytest.raises(DatasetError, match=r"were made with other options or another definition of the target"):
             build_dataset(plain, out, progress=False)   # an old form is a digest of the options as written
         assert build_dataset(run, out, progress=False)["this_run"]["labels_new_profiling"] == 0
         assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] == 0
