@@ -197,27 +197,31 @@ class BuildCache:
     # -- labels -------------------------------------------------------------------------------------
 
     def check_config(self, fidelity: str, target: str, fingerprint: str, older: Iterable[str] = (),
-                     options: dict[str, Any] | None = None) -> bool:
-        """Record the fingerprint of (fidelity, target) and the ``options`` it stands for; False when
-        labels were made with another one. A folder that recorded the same options in an older form (one
-        of ``older``) is brought up to date."""
-        row = self.db.execute("SELECT fingerprint FROM label_configs WHERE fidelity=? AND target=?",
-                              (fidelity, target)).fetchone()
-        if row is None:
+                     record: dict[str, Any] | None = None) -> bool:
+        """Record the fingerprint of (fidelity, target) and the ``record`` of what it stands for (options,
+        label version); False when labels were made with another one. A folder that recorded the same
+        labels in an older form (one of ``older``) is brought up to date."""
+        stored = self.stored_fingerprint(fidelity, target)
+        if stored is None:
             self.db.execute("INSERT INTO label_configs VALUES (?, ?, ?)", (fidelity, target, fingerprint))
-        elif row[0] != fingerprint and row[0] in set(older):
+        elif stored != fingerprint and stored in set(older):
             self.db.execute("UPDATE label_configs SET fingerprint=? WHERE fidelity=? AND target=?",
                             (fingerprint, fidelity, target))
-        elif row[0] != fingerprint:
+        elif stored != fingerprint:
             return False
-        if options is not None:
-            self.set_meta(f"label_options/{fidelity}/{target}", json.dumps(options, sort_keys=True))
+        if record is not None:
+            self.set_meta(f"label_config/{fidelity}/{target}", json.dumps(record, sort_keys=True))
         return True
 
-    def label_options(self, fidelity: str, target: str) -> dict[str, Any] | None:
-        """The options the (fidelity, target) labels were made with, as :meth:`check_config` recorded them
-        (None for folders built before they were recorded)."""
-        text = self.get_meta(f"label_options/{fidelity}/{target}")
+    def stored_fingerprint(self, fidelity: str, target: str) -> str | None:
+        row = self.db.execute("SELECT fingerprint FROM label_configs WHERE fidelity=? AND target=?",
+                              (fidelity, target)).fetchone()
+        return row[0] if row else None
+
+    def label_record(self, fidelity: str, target: str) -> dict[str, Any] | None:
+        """What the (fidelity, target) labels were made with, as :meth:`check_config` recorded it (None for
+        folders built before it was recorded)."""
+        text = self.get_meta(f"label_config/{fidelity}/{target}")
         return None if text is None else json.loads(text)
 
     def labelled(self, fidelity: str, target: str, include_failed: bool = True) -> set[str]:

@@ -183,12 +183,16 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
             raise DatasetError(f"{spec.path}: fidelities.{fs.name}.targets: two targets are named "
                                f"{target.name} ({names[target.name]} and {ref.loadable})")
         of_target = target_fingerprint(target, fs.name)
+        version = fs.label_version()
+        first_forms = [f + of_target for f in fs.older_fingerprints()]      # of version 1 labels
         if not cache.check_config(fs.name, target.name, fs.fingerprint() + of_target,
-                                  older=[f + of_target for f in fs.older_fingerprints()],
-                                  options=fs.counted_options()):
-            made = _what_changed(fs, cache.label_options(fs.name, target.name))
-            raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with {made}; "
-                               f"build into a new folder")
+                                  older=first_forms if version == 1 else (),
+                                  record={"options": fs.counted_options(), "labels": version}):
+            recorded = cache.label_record(fs.name, target.name)
+            if recorded is None and cache.stored_fingerprint(fs.name, target.name) in first_forms:
+                recorded = {"options": fs.counted_options(), "labels": 1}
+            raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with "
+                               f"{_what_changed(fs, recorded)}; build into a new folder")
         scope = hashes[: fs.max_regions] if fs.max_regions else hashes
         done = cache.labelled(fs.name, target.name)
         todo = {h for h in scope if h not in done}
@@ -198,13 +202,19 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
 
 
 def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:
-    """What the labels of a folder were made with that ``fs`` asks otherwise, in words."""
+    """What the labels of a folder were made with (``recorded``: options and label version) that ``fs``
+    asks otherwise, in words."""
     if recorded is None:
         return "other options or another definition of the target"
-    wanted = fs.counted_options()
-    if recorded == wanted:
+    cls = fidelity_class(fs.name)
+    old, version = recorded.get("labels", 1), fs.label_version()
+    if old != version:
+        return (f"an older {fs.name} labeller (labels version {old}; since version {version} "
+                f"{getattr(cls, 'LABEL_CHANGE', 'its labels measure something else')})")
+    made, wanted = recorded.get("options", {}), fs.counted_options()
+    if made == wanted:
         return "another definition of the target (its figures changed)"
-    defaults = {k: p.default for k, p in inspect.signature(fidelity_class(fs.name)).parameters.items()
+    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
                 if p.default is not inspect.Parameter.empty}
 
     def shown(options: dict[str, Any], key: str) -> str:
@@ -212,9 +222,9 @@ def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:
             return json.dumps(options[key])
         return f"the default {json.dumps(defaults[key])}" if key in defaults else "the default"
 
-    keys = sorted(set(recorded) | set(wanted), key=lambda k: (k not in recorded, k))
-    return ", ".join(f"{k} {shown(recorded, k)} (this spec: {shown(wanted, k)})"
-                     for k in keys if recorded.get(k, ...) != wanted.get(k, ...))
+    keys = sorted(set(made) | set(wanted), key=lambda k: (k not in made, k))
+    return ", ".join(f"{k} {shown(made, k)} (this spec: {shown(wanted, k)})"
+                     for k in keys if made.get(k, ...) != wanted.get(k, ...))
 
 
 def _label_all(fidelity, fs: FidelitySpec, cache: BuildCache, pending, chunk_hashes: list[str], regions: dict,

@@ -100,19 +100,27 @@ class FidelitySpec:
         run = getattr(cls, "RUN_OPTIONS", ())
         return {k: v for k, v in options_off_default(cls, self.options).items() if k not in run}
 
+    def label_version(self) -> int:
+        """What this fidelity's labels measure (:func:`~hespas_ml.label.registry.label_version`)."""
+        from .registry import label_version
+        return label_version(self.name)
+
     def fingerprint(self) -> str:
-        """What labels of this fidelity depend on besides the region and target (its counted options)."""
-        return _options_digest(self.name, self.counted_options())
+        """What labels of this fidelity depend on besides the region and target: its counted options and,
+        once it changed, its label version."""
+        version = self.label_version()
+        return _digest([self.name, self.counted_options()] + ([version] if version > 1 else []))
 
     def older_fingerprints(self) -> list[str]:
-        """The fingerprints folders recorded for these options before: every option written (until
-        2026-11-25), then every option off its default."""
-        return [_options_digest(self.name, self.options),
-                _options_digest(self.name, options_off_default(_fidelity_class(self.name), self.options))]
+        """The fingerprints folders recorded for these options before (all of version 1 labels): every
+        option written (until 2026-11-25), then every option off its default, then the counted options."""
+        return [_digest([self.name, self.options]),
+                _digest([self.name, options_off_default(_fidelity_class(self.name), self.options)]),
+                _digest([self.name, self.counted_options()])]
 
 
-def _options_digest(name: str, options: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps([name, options], sort_keys=True).encode()).hexdigest()[:16]
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -13,7 +13,7 @@ measured:
 * ``compile_s``; XLA's cost analysis ``xla_flops`` / ``xla_bytes``;
 * ``backend``, ``device``, ``jax_version``; ``overhead_s``: one execution of a trivial module (the
   dispatch cost included in every label; about 40 µs on this project's 2-core CPU box);
-* ``lock_wait_s``, ``cached`` (served from the disk cache), ``module_sha256``.
+* ``lock_wait_s``, ``cached`` (served from the disk cache), ``module_sha256``, ``label_version``.
 
 A failed label (``status="failed"``, ``seconds`` NaN) has ``reason`` and ``kind``: ``collective``,
 ``extract``, ``compile`` (e.g. ``custom_call @TopK`` on bf16 on XLA:CPU), ``inputs``, ``run``, ``timeout``
@@ -32,6 +32,13 @@ machine never time at once.
 pinned core with 10 ms samples spread by ~3 %, and labels a model learns from must repeat. The core count
 is part of the label's ``device`` (and so of the cache key). Whole-program measurements for studies
 (:mod:`hespas_ml.use.study_measure`) keep every core: they are the machine as it runs.
+
+**Memory.** The worker keeps the memory its executions free (``WORKER_MALLOC_ENV``: glibc's allocator
+with one arena and no mmap or trim). By default glibc returns a freed buffer over its mmap threshold (up to
+32 MiB, following what was freed before) to the kernel, so every execution of a region with such a buffer
+page-faulted it in anew: 6-8x the time per element of a smaller one, a cliff at 32 MiB that none of the
+op features explains, and a cost a region does not pay inside its whole program. Labels of version 1
+(``LABEL_VERSION``, before 2026-11-25) include it; results and dataset folders of the two versions never mix.
 
 **Steadiness.** Labels repeat only as well as the machine's timings do: a shared VM whose speed wanders with
 its neighbours gives labels no surrogate can learn to better than that wandering.
@@ -80,13 +87,20 @@ from ..host import cache_dir, cpu_model, package_version, schedulable_cores
 from .profiling_worker import CORES_ENV
 from .targets import HOST_CPU, Target
 
-CACHE_VERSION = 1
 MODULE_NAME = "region"            # every extracted module gets this name, so identical regions share a key
 START_TIMEOUT_S = 180.0           # importing jax and starting the backend in the worker
 GPU_BACKENDS = ("gpu", "cuda", "rocm")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
 SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed")
+# glibc hands a buffer over its mmap threshold (dynamic: it follows the sizes freed so far, up to 32 MiB) to
+# the kernel and takes it back when freed, so each execution of a region with such a buffer page-faults it
+# in anew: an f32 elementwise kernel timed 0.4 ns per element up to 24 MiB and 2.5-3 ns from 33 MiB on, and
+# 0.6-1.6 ms at 8 MiB depending on what the worker had timed before. A whole program does not pay it: a
+# two-kernel program with a 64 MiB intermediate ran in 7.5 ms where its first kernel alone timed 50 ms. The
+# worker keeps freed memory instead (one arena, no mmap, no trim; ignored where glibc is not the allocator).
+WORKER_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
+                     "MALLOC_TRIM_THRESHOLD_": str(8 << 30)}
 
 
 @dataclass
@@ -120,6 +134,10 @@ class ProfilingFidelity:
     name = "profiling"
     # options that change how labels are taken, not what they are: a dataset folder resumes across them
     RUN_OPTIONS = ("budget_s", "lock_timeout_s", "cache", "cache_max_noise")
+    # what a label measures, in the result cache's key and a dataset folder's fingerprint (labels of two
+    # versions never mix): 1 until 2026-11-25; 2 keeps freed memory in the worker (WORKER_MALLOC_ENV)
+    LABEL_VERSION = 2
+    LABEL_CHANGE = "regions are timed without page faults on buffers over 32 MiB"
 
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
@@ -312,6 +330,7 @@ class ProfilingFidelity:
         median = float(result["median_s"])
         meta["rel_iqr"] = float(result["iqr_s"]) / median if median > 0 else math.inf
         meta["statistic"] = self.statistic
+        meta["label_version"] = self.LABEL_VERSION
         return Label(float(result[f"{self.statistic}_s"]), "ok", meta)
 
     def _quiet_enough(self, result: dict[str, Any]) -> bool:
@@ -326,7 +345,7 @@ class ProfilingFidelity:
     def _cache_key(self, digest: str, identity: dict[str, str]) -> dict[str, Any]:
         window = {"window": "full"} if self.statistic == "min" else {}    # a minimum needs the whole window
         sampling = self._sampling()
-        return {"v": CACHE_VERSION, "module_sha256": digest, **identity, **window,
+        return {"v": ProfilingFidelity.LABEL_VERSION, "module_sha256": digest, **identity, **window,
                 **({"sampling": sampling} if sampling else {})}
 
     def _sampling(self) -> dict[str, Any]:
@@ -483,6 +502,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         env.pop("XLA_FLAGS", None)                 # no fake device counts: one real device
+        env.update(WORKER_MALLOC_ENV)
         if self.platforms:
             env["JAX_PLATFORMS"] = self.platforms
         else:

@@ -43,6 +43,18 @@ def fidelity_class(name: str) -> type:
                         f"{SURROGATE_PREFIX}<fidelity|NAME@alias|path>)")
 
 
+def label_version(name: str) -> int:
+    """What the labels of the fidelity called ``name`` measure (its class's ``LABEL_VERSION``; 1 for a
+    fidelity whose labels never changed meaning). Caches of labels and of results built on them key on it."""
+    return int(getattr(fidelity_class(name), "LABEL_VERSION", 1))
+
+
+def changed_label_versions(names) -> dict[str, int]:
+    """``{name: version}`` of those fidelities whose labels changed meaning (version above 1), for keys
+    that stay as they were for every other fidelity."""
+    return {n: v for n in names if (v := label_version(n)) > 1}
+
+
 def get_fidelity(name: str, **options) -> Fidelity:
     """A fidelity by name (``roofline``, ``scalesim``, ``profiling`` or ``surrogate:<model>``), built
     with ``options``."""

@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..ingest.errors import HespasError
 from ..label.fidelity import label_caveats
+from ..label.registry import changed_label_versions
 from . import study_metrics as M
 from .study_spec import MEASURED, SINGLE, SourceSpec, StudySpec, load_spec, read_measured
 
@@ -332,8 +333,9 @@ class _Runner:
     def _config(self, w, pid, system, target, src, prepared, failure) -> ConfigResult:
         if src.name in self.unavailable:
             return ConfigResult(w.name, system, target, src.name, "unavailable", reason=self.unavailable[src.name])
+        changed = changed_label_versions([src.fidelity])        # so results of older labels are not reused
         key = _sha([CACHE_VERSION, pid, system, src.split, self._target_id(target, src.fidelity), src.fidelity,
-                    src.options, self.spec.replay if system != SINGLE else None])
+                    src.options, self.spec.replay if system != SINGLE else None] + ([changed] if changed else []))
         path = self.cache / "configs" / f"{_slug(w.name)}__{_slug(target)}__{_slug(src.name)}__{key}.json"
         data = _read_json(path)
         if isinstance(data, dict) and data.get("status") in ("ok", "partial"):

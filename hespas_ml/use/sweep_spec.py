@@ -165,6 +165,10 @@ class SweepSpec:
                 "costs": self.costs, "fidelities": self.fidelities, "replays": self.replays,
                 "systems": {str(k): [asdict(s) for s in v] for k, v in sorted(self.systems.items())},
                 "chunk_size": self.chunk_size}
+        from ..label.registry import changed_label_versions
+        changed = changed_label_versions(self.fidelities)
+        if changed:                                     # so results of older labels are not resumed into
+            data["labels"] = changed
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

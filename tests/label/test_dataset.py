@@ -609,17 +609,50 @@ def test_writing_a_default_down_or_a_run_option_keeps_a_folder_resumable_and_ano
         build_dataset(spec("other.yaml", "measure_s: 0.1"), out, progress=False)
     with pytest.raises(DatasetError, match=r"were made with statistic the default \"median\" \(this spec: \"min\"\);"):
         build_dataset(spec("min.yaml", "measure_s: 0.05, statistic: min"), out, progress=False)
-    # a folder that recorded its options in an older form (every option written; then every option off its
-    # default) resumes with the spec it was built with, and from then on with any spec of the same labels
+    assert _labels(out) == labels
+    # a folder of the first profiling labels (recorded in any of the older forms, with no record of what it
+    # holds) is refused for what it is: labels of an older labeller
     for older in load_spec(run).fidelities[0].older_fingerprints():
-        db = sqlite3.connect(out / "cache.sqlite")
-        (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity='profiling'").fetchone()
-        db.execute("UPDATE label_configs SET fingerprint=?", (older + stored[len(older):],))
-        db.execute("DELETE FROM meta WHERE key LIKE 'label_options/%'")   # not recorded then
-        db.commit()
-        db.close()
-        with pytest.raises(DatasetError, match=r"were made with other options or another definition of the target"):
+        _store_fingerprint(out, "profiling", older)
+        with pytest.raises(DatasetError, match=r"out: its profiling labels on host-cpu were made with an older "
+                                               r"profiling labeller \(labels version 1; since version 2 regions are "
+                                               r"timed without page faults on buffers over 32 MiB\); build into"):
+            build_dataset(run, out, progress=False)
+
+
+def _store_fingerprint(out: Path, fidelity: str, older: str) -> None:
+    """Make a folder look as an older version left it: ``older`` as its fidelity's fingerprint (the
+    target's part kept), nothing recorded of what the labels were made with."""
+    db = sqlite3.connect(out / "cache.sqlite")
+    (stored,) = db.execute("SELECT fingerprint FROM label_configs WHERE fidelity=?", (fidelity,)).fetchone()
+    db.execute("UPDATE label_configs SET fingerprint=? WHERE fidelity=?", (older + stored[len(older):], fidelity))
+    db.execute("DELETE FROM meta WHERE key LIKE 'label_config/%'")
+    db.commit()
+    db.close()
+
+
+def test_a_folder_that_recorded_unchanged_labels_in_an_older_form_resumes_and_is_brought_up_to_date(tmp_path):
+    (tmp_path / "dot.mlir").write_text(mlp_program(1, dim=64))
+
+    def spec(name: str, options: str) -> Path:
+        return write_spec(tmp_path, f"""
+            programs: [{{mlir: [dot.mlir]}}]
+            fidelities:
+              roofline: {{targets: [H100]}}
+              scalesim: {{targets: [TPUv3], {options}}}
+            """, name)
+
+    out = tmp_path / "out"
+    written, plain = spec("written.yaml", "mode: auto, workers: 1"), spec("plain.yaml", "workers: 2")
+    build_dataset(written, out, progress=False)
+    labels = _labels(out)
+    forms = load_spec(written).fidelities[1].older_fingerprints()
+    assert len(set(forms)) == 3                      # every option; off their default; counted (no workers)
+    for older in forms[:2]:
+        _store_fingerprint(out, "scalesim", older)
+        with pytest.raises(DatasetError, match=r"scalesim labels on TPUv3 were made with other options or another "
+                                               r"definition of the target; build into a new folder$"):
             build_dataset(plain, out, progress=False)   # an old form is a digest of the options as written
-        assert build_dataset(run, out, progress=False)["this_run"]["labels_new_profiling"] == 0
-        assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_profiling"] == 0
+        assert build_dataset(written, out, progress=False)["this_run"]["labels_new_scalesim"] == 0
+        assert build_dataset(plain, out, progress=False)["this_run"]["labels_new_scalesim"] == 0
     assert _labels(out) == labels

@@ -326,6 +326,18 @@ def test_smoke_study_resumes_from_its_cache(smoke, tmp_path):
                                    rtol=1e-12)
 
 
+def test_a_study_does_not_resume_results_of_labels_that_changed_meaning(smoke, monkeypatch):
+    from hespas_ml.label.profiling import ProfilingFidelity
+
+    _, out, _ = smoke
+    monkeypatch.setattr(ProfilingFidelity, "LABEL_VERSION", ProfilingFidelity.LABEL_VERSION + 1)
+    configs = run_study(SMOKE, out, progress=False, mlflow=False).tables["configs"]
+    profiling = (configs["fidelity"] == "profiling").to_numpy()
+    ok = configs["status"].isin(["ok", "partial"]).to_numpy()
+    assert (profiling & ok).sum() > 0 and not configs["cached"][profiling].any()
+    assert configs["cached"][~profiling & ok].all()
+
+
 def _chromium() -> str:
     path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
     if path is None:

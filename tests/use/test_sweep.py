@@ -377,6 +377,18 @@ def test_a_sweep_notes_what_a_learned_fidelity_says_about_its_targets(tmp_path, 
                 if "another machine" in n]
 
 
+def test_a_sweep_over_labels_that_changed_meaning_does_not_resume_results_of_the_older_ones(tmp_path, monkeypatch):
+    from hespas_ml.label.profiling import ProfilingFidelity
+
+    def fingerprint(fidelities: list[str]) -> str:
+        return load_sweep_spec(_spec(tmp_path, fidelities=fidelities)).fingerprint()
+
+    profiling, roofline = fingerprint(["profiling", "roofline"]), fingerprint(["roofline"])
+    monkeypatch.setattr(ProfilingFidelity, "LABEL_VERSION", ProfilingFidelity.LABEL_VERSION + 1)
+    assert fingerprint(["profiling", "roofline"]) != profiling
+    assert fingerprint(["roofline"]) == roofline
+
+
 @pytest.mark.parametrize("changes, expected", [
     ({"workloads": [{"zoo": "nope"}]}, "unknown zoo family 'nope'"),
     ({"workloads": [{"zoo": "llama", "params": {"depth": 3}}]}, "llama has no parameter 'depth'"),
