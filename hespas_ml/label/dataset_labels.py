@@ -16,7 +16,6 @@ profiling never times while SCALE-Sim runs, nor beside itself.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import sys
@@ -27,7 +26,7 @@ from typing import Any, Callable, Sequence
 from ..ingest.errors import HespasError
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
-from .fidelity import FidelityError, Label
+from .fidelity import FidelityError, Label, option_defaults
 from .registry import fidelity_class, get_fidelity
 from .region_records import region_from_record
 
@@ -214,8 +213,7 @@ def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:
     made, wanted = recorded.get("options", {}), fs.counted_options()
     if made == wanted:
         return "another definition of the target (its figures changed)"
-    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+    defaults = option_defaults(cls)
 
     def shown(options: dict[str, Any], key: str) -> str:
         if key in options:

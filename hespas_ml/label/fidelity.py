@@ -26,12 +26,17 @@ class Label:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def option_defaults(cls: type) -> dict[str, Any]:
+    """The default of each constructor option of fidelity class ``cls`` that has one."""
+    return {k: p.default for k, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def options_off_default(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` of fidelity class ``cls`` less those equal to its constructor's default (so that writing a
     default down changes no key or fingerprint)."""
-    params = inspect.signature(cls).parameters
-    return {k: v for k, v in options.items()
-            if k not in params or params[k].default is inspect.Parameter.empty or params[k].default != v}
+    defaults = option_defaults(cls)
+    return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
 
 
 def label_caveats(labels) -> list[str]:

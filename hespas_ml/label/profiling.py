@@ -36,8 +36,10 @@ is part of the label's ``device`` (and so of the cache key). Whole-program measu
 **Memory.** The worker keeps the memory its executions free (``WORKER_MALLOC_ENV``: glibc's allocator
 with one arena and no mmap or trim). By default glibc returns a freed buffer over its mmap threshold (up to
 32 MiB, following what was freed before) to the kernel, so every execution of a region with such a buffer
-page-faulted it in anew: 6-8x the time per element of a smaller one, a cliff at 32 MiB that none of the
-op features explains, and a cost a region does not pay inside its whole program. Labels of version 1
+page-faulted it in anew: a cliff at 32 MiB that none of the op features explains (an f32 elementwise kernel
+took 0.4 ns per element up to 24 MiB and 2.5-3 ns from 33 MiB on; at 8 MiB 0.6-1.6 ms, depending on what the
+worker had timed before), and a cost a region does not pay inside its whole program (a two-kernel program
+with a 64 MiB intermediate ran in 7.5 ms where its first kernel alone timed 50 ms). Labels of version 1
 (``LABEL_VERSION``, before 2026-11-25) include it; results and dataset folders of the two versions never mix.
 
 **Steadiness.** Labels repeat only as well as the machine's timings do: a shared VM whose speed wanders with
@@ -93,12 +95,7 @@ GPU_BACKENDS = ("gpu", "cuda", "rocm")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
 SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed")
-# glibc hands a buffer over its mmap threshold (dynamic: it follows the sizes freed so far, up to 32 MiB) to
-# the kernel and takes it back when freed, so each execution of a region with such a buffer page-faults it
-# in anew: an f32 elementwise kernel timed 0.4 ns per element up to 24 MiB and 2.5-3 ns from 33 MiB on, and
-# 0.6-1.6 ms at 8 MiB depending on what the worker had timed before. A whole program does not pay it: a
-# two-kernel program with a 64 MiB intermediate ran in 7.5 ms where its first kernel alone timed 50 ms. The
-# worker keeps freed memory instead (one arena, no mmap, no trim; ignored where glibc is not the allocator).
+# the worker's glibc keeps freed memory: one arena, no mmap, no trim (see **Memory** above; ignored elsewhere)
 WORKER_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
                      "MALLOC_TRIM_THRESHOLD_": str(8 << 30)}
 
