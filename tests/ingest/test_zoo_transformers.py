@@ -68,6 +68,8 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:moe?experts=6&devices=4&parallel=ep", "experts=6 is not divisible by devices=4"),
     ("zoo:moe?batch=2&devices=4&parallel=ep", "batch=2 is not divisible by devices=4"),
     ("zoo:moe?top_k=3&experts=2", "top_k=3 is more than experts=2"),
+    ("zoo:moe?heads=8&kv_heads=3", "kv_heads=3 does not divide heads=8"),
+    ("zoo:moe?heads=8&kv_heads=2&devices=4&parallel=tp", "kv_heads=2 is not divisible by devices=4"),
     ("zoo:moe?capacity=0", "capacity=0.0 is below the minimum 0.01"),
     ("zoo:moe?group=48&seq=16&batch=8", "group=48 does not divide the 128 tokens (batch·seq)"),
     ("zoo:moe?group=64&seq=16&batch=8&devices=4&parallel=ep", "group=64 does not divide the 32 tokens of a device"),
@@ -263,13 +265,15 @@ def test_vit_sharded_forms():
 
 # -- moe ----------------------------------------------------------------------------------------------
 
-def moe_forward_flops(layers, d, heads, experts, top_k, capacity, ffn, vocab, seq, batch, group) -> tuple[int, int]:
+def moe_forward_flops(layers, d, heads, experts, top_k, capacity, ffn, vocab, seq, batch, group,
+                      kv_heads=None) -> tuple[int, int]:
     """(dispatch einsum FLOPs, all matmul FLOPs) of an MoE decoder forward pass on ``batch`` sequences
-    whose tokens are routed in groups of ``group``."""
+    whose tokens are routed in groups of ``group`` (``kv_heads``: key/value heads, default ``heads``)."""
     import math
     tokens = batch * seq
     slots = math.ceil(top_k * group * capacity / experts)    # per expert and group
-    attention = 2 * tokens * 4 * d * d + 2 * 2 * batch * seq * seq * d
+    kv_width = (kv_heads or heads) * (d // heads)             # width of the k and v projections
+    attention = 2 * tokens * (2 * d * d + 2 * d * kv_width) + 2 * 2 * batch * seq * seq * d
     router = 2 * tokens * d * experts
     dispatch = 2 * tokens * experts * slots * d            # [G,t,e,c] x [G,t,d]; combine is as large
     expert_mlp = 3 * 2 * experts * (tokens // group) * slots * d * ffn
@@ -291,6 +295,21 @@ def test_moe_inference_and_training_flops():
     # with ceil(2·16·1.25/4) = 10 slots each
     expert_dots = [op for op in kinds(g, "dot_general") if str(op.operand_types[1]) == "4x64x128xbf16"]
     assert expert_dots and str(expert_dots[0].operand_types[0]) == "4x80x64xbf16"
+
+
+def test_moe_attention_can_share_key_value_heads_like_mixtral():
+    gqa = f"{MOE}&kv_heads=2&step=infer"
+    g = load(gqa)
+    dispatch, total = moe_forward_flops(2, 64, 4, 4, 2, 1.25, 128, 256, 16, 8, group=16, kv_heads=2)
+    assert matrix_flops(g) == pytest.approx(total, rel=1e-9)
+    params = parse_zoo_spec(gqa)[1]
+    assert inputs_numel(g, len(g.inputs) - 1) == moe_family.parameter_count(params)
+    assert moe_family.forward_flops(params) == {"dispatch": dispatch, "total": total}
+    # k and v project to 2 heads of 16; the scores are [batch, kv heads, queries per kv head, seq, seq]
+    assert t(64, 32, "f32") in g.inputs and t(64, 64, "f32") in g.inputs
+    scores = [op for op in kinds(g, "dot_general") if sorted(op.result_types[0].shape) == [2, 2, 8, 16, 16]]
+    assert scores                                    # (einsum picks the axis order)
+    assert load(f"{MOE}&kv_heads=4&step=infer").inputs == load(f"{MOE}&step=infer").inputs   # 4 = heads: MHA
 
 
 def test_moe_expert_parallel_dispatches_with_all_to_all():

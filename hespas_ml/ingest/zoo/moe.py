@@ -1,6 +1,7 @@
 """Zoo family ``moe``: a mixture-of-experts decoder (Mixtral-style), as an inference or training step.
 
-Token embedding, ``layers`` pre-norm blocks — causal multi-head attention with RoPE, then a
+Token embedding, ``layers`` pre-norm blocks — causal attention with RoPE (``heads`` query heads sharing
+``kv_heads`` key/value heads, as in Mixtral; multi-head by default), then a
 mixture-of-experts feed-forward layer — a final RMSNorm and the LM head; next-token cross-entropy.
 The MoE layer: a linear router and softmax over ``experts``; each token goes to its ``top_k`` experts
 with the renormalised top-k probabilities as weights. Experts are SwiGLU MLPs of ``ffn`` hidden units
@@ -16,8 +17,8 @@ with ``-partitioned`` (XLA's SPMD partitioner); see :mod:`.parallel`. Under ``ep
 over the devices, the batch too, and dispatched tokens travel to their experts and back with
 ``all_to_all``; under ``tp`` heads and every expert's hidden units are split.
 
-Example sizes: the defaults have ~12M parameters (8 experts); a Mixtral-8x7B-like model (without its
-grouped-query attention) is ``layers=32&d_model=4096&heads=32&ffn=14336&vocab=32000``.
+Example sizes: the defaults have ~12M parameters (8 experts); a Mixtral-8x7B-like model is
+``layers=32&d_model=4096&heads=32&kv_heads=8&ffn=14336&vocab=32000``.
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ PARALLEL = ("dp", "fsdp", "tp", "ep", "dp-partitioned", "fsdp-partitioned", "tp-
 PARAMS = (
     ZooParam("layers", int, 2, "decoder blocks (each with an MoE feed-forward layer)", minimum=1, maximum=512),
     ZooParam("d_model", int, 256, "model width", minimum=2, maximum=65536),
-    ZooParam("heads", int, 8, "attention heads (head size d_model/heads, even)", minimum=1, maximum=1024),
+    ZooParam("heads", int, 8, "query heads (head size d_model/heads, even)", minimum=1, maximum=1024),
+    ZooParam("kv_heads", int, 0, "key/value heads, dividing heads (0: as many as heads)", minimum=0,
+             maximum=1024),
     ZooParam("experts", int, 8, "experts per MoE layer", minimum=1, maximum=4096),
     ZooParam("top_k", int, 2, "experts each token is sent to", minimum=1, maximum=4096),
     ZooParam("capacity", float, 1.25, "capacity factor: expert slots per token share", minimum=0.01,
@@ -56,7 +59,7 @@ PARAMS = (
 
 
 def sizes(p: dict[str, Any]) -> dict[str, int]:
-    """Derived sizes: ``ffn``, ``head_dim``, ``tokens`` an MoE layer sees (a device's share under
+    """Derived sizes: ``ffn``, ``kv_heads`` (0 filled in), ``head_dim``, ``tokens`` an MoE layer sees (a device's share under
     explicit dp, fsdp and ep; the global batch otherwise, which XLA's partitioner then splits),
     ``group`` (tokens routed together) and ``slots`` (expert capacity per group)."""
     n = p["devices"]
@@ -64,29 +67,32 @@ def sizes(p: dict[str, Any]) -> dict[str, int]:
     tokens = p["batch"] * p["seq"] // (n if split and p["batch"] % n == 0 else 1)
     group = p["group"] or p["seq"]
     slots = max(1, math.ceil(p["top_k"] * group * p["capacity"] / p["experts"]))
-    return {"ffn": p["ffn"] or swiglu_hidden(p["d_model"]), "head_dim": p["d_model"] // p["heads"],
+    return {"ffn": p["ffn"] or swiglu_hidden(p["d_model"]), "kv_heads": p["kv_heads"] or p["heads"],
+            "head_dim": p["d_model"] // p["heads"],
             "tokens": tokens, "group": group, "slots": slots}
 
 
 def parameter_count(p: dict[str, Any]) -> int:
     """Number of trainable parameters (all experts) of the model ``p`` describes."""
-    d, e, f = p["d_model"], p["experts"], sizes(p)["ffn"]
-    per_layer = 4 * d * d + d * e + 3 * e * d * f + 2 * d
+    s = sizes(p)
+    d, e, f = p["d_model"], p["experts"], s["ffn"]
+    attn = 2 * d * d + 2 * d * s["kv_heads"] * s["head_dim"]         # q and o; k and v
+    per_layer = attn + d * e + 3 * e * d * f + 2 * d
     return p["layers"] * per_layer + 2 * p["vocab"] * d + d
 
 
 def check(p: dict[str, Any]) -> str | None:
     """A message when the combination of parameters is impossible, else None."""
-    problem = check_heads(p["d_model"], p["heads"], rope=True)
+    s = sizes(p)
+    problem = check_heads(p["d_model"], p["heads"], s["kv_heads"], rope=True)
     if problem:
         return problem
     if p["top_k"] > p["experts"]:
         return f"top_k={p['top_k']} is more than experts={p['experts']}"
-    s = sizes(p)
     if s["tokens"] % s["group"]:
         where = "of a device " if s["tokens"] != p["batch"] * p["seq"] else ""
         return f"group={s['group']} does not divide the {s['tokens']} tokens {where}(batch·seq)"
-    return check_parallel(p, tp_dims={"heads": p["heads"], "ffn": sizes(p)["ffn"]},
+    return check_parallel(p, tp_dims={"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"]},
                           ep_dims={"experts": p["experts"]})
 
 
@@ -101,7 +107,7 @@ def forward_flops(p: dict[str, Any]) -> dict[str, int]:
     groups = t // s["group"]
     seqs = t // p["seq"]
     tp = p["devices"] if p["devices"] > 1 and p["parallel"] == "tp" else 1
-    attn = 2 * t * 4 * d * d + 4 * seqs * p["seq"] ** 2 * d
+    attn = 2 * t * (2 * d * d + 2 * d * s["kv_heads"] * s["head_dim"]) + 4 * seqs * p["seq"] ** 2 * d
     dispatch = 2 * t * e * c * d
     experts = 3 * 2 * e * groups * c * d * f
     layer = (attn + experts) // tp + 2 * t * d * e + 2 * dispatch
@@ -123,7 +129,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     def sd(*shape):
         return jax.ShapeDtypeStruct(shape, dtype)
 
-    layer = tf.decoder_attention_shapes(d, p["heads"], p["heads"], dtype)
+    layer = tf.decoder_attention_shapes(d, p["heads"], s["kv_heads"], dtype)
     layer.update(mlp_norm=sd(d), router=sd(d, e), w_gate=sd(e, d, f), w_up=sd(e, d, f), w_down=sd(e, f, d))
     top = {"embed": sd(p["vocab"], d), "final_norm": sd(d), "head": sd(d, p["vocab"])}
 
