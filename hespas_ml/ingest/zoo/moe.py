@@ -59,9 +59,10 @@ PARAMS = (
 
 
 def sizes(p: dict[str, Any]) -> dict[str, int]:
-    """Derived sizes: ``ffn``, ``kv_heads`` (0 filled in), ``head_dim``, ``tokens`` an MoE layer sees (a device's share under
-    explicit dp, fsdp and ep; the global batch otherwise, which XLA's partitioner then splits),
-    ``group`` (tokens routed together) and ``slots`` (expert capacity per group)."""
+    """Derived sizes: ``ffn`` and ``kv_heads`` with their automatic values filled in, ``head_dim``,
+    ``tokens`` an MoE layer sees (a device's share under explicit dp, fsdp and ep; the global batch
+    otherwise, which XLA's partitioner then splits), ``group`` (tokens routed together) and ``slots``
+    (expert capacity per group)."""
     n = p["devices"]
     split = n > 1 and p["parallel"] in ("dp", "fsdp", "ep")    # explicit strategies that split the batch
     tokens = p["batch"] * p["seq"] // (n if split and p["batch"] % n == 0 else 1)
