@@ -2,6 +2,7 @@
 labeller the surrogate learned (same split, same traces, same replay).
 
     python eval/eval_step_time.py [--fidelities roofline scalesim profiling] [--json out/eval/step_time.json]
+                                  [--model PATH_OR_NAME] [--spec DATASET_SPEC]
 
 The programs are llama steps: the family every shipped model held out of its training (``split: family``,
 see the model cards), so no region of them was trained on. The labellers run with the options the main
@@ -14,6 +15,11 @@ Profiling is a measurement, so it is not the same twice: it is run ``--labeller-
 its disk cache off so that every run times every region again), the surrogate is compared with the median
 run, and the labeller's own spread ((slowest - fastest) / median) is printed beside the error: the
 surrogate cannot be held closer to the labeller than the labeller is to itself.
+
+``--model`` evaluates another surrogate than the shipped one (a folder ``Surrogate.save`` wrote, or a
+registered ``NAME@alias``), for one fidelity: the one it learned, e.g. a profiling model retrained on this
+machine's labels; ``--spec`` takes the labeller's options from the dataset spec it learned (for example
+``statistic: min``) instead of ``datasets/main.yaml``.
 """
 from __future__ import annotations
 
@@ -49,9 +55,9 @@ CASES = {
 }
 
 
-def labeller_options(fidelity: str) -> dict:
-    """The labeller's constructor options as the main dataset spec sets them."""
-    spec = yaml.safe_load((ROOT / "datasets" / "main.yaml").read_text())["fidelities"].get(fidelity) or {}
+def labeller_options(fidelity: str, spec_path: Path = ROOT / "datasets" / "main.yaml") -> dict:
+    """The labeller's constructor options as a dataset spec (default: the main one) sets them."""
+    spec = yaml.safe_load(Path(spec_path).read_text())["fidelities"].get(fidelity) or {}
     if fidelity == "scalesim":
         from hespas_ml.label.scalesim_worker import Budget
         return {"budget": Budget(seconds=float(spec.get("budget_s", 30.0)),
@@ -68,11 +74,21 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--labeller-runs", type=int, default=3,
                     help="runs of the profiling labeller per program (uncached; the median is compared)")
+    ap.add_argument("--model", default=None,
+                    help="surrogate to evaluate instead of the shipped one (a saved model folder or NAME@alias); "
+                         "give the one fidelity it learned with --fidelities")
+    ap.add_argument("--spec", default=str(ROOT / "datasets" / "main.yaml"),
+                    help="dataset spec whose labeller options to run (default: datasets/main.yaml)")
     args = ap.parse_args()
+    if args.model:
+        from hespas_ml.learn.fidelity import SurrogateFidelity
+        learned = SurrogateFidelity(args.model).fidelity
+        if args.fidelities != [learned]:
+            ap.error(f"--model {args.model} learned {learned} labels: give --fidelities {learned}")
 
     rows = []
     for fidelity in args.fidelities:
-        options = labeller_options(fidelity)
+        options = labeller_options(fidelity, args.spec)
         runs = 1
         if fidelity == "profiling":               # a measurement: several uncached runs
             runs, options = max(1, args.labeller_runs), {**options, "cache": False}
@@ -85,7 +101,7 @@ def main() -> int:
             steps = [r.step_time_s for r in truths]
             spread = (steps[-1] - steps[0]) / truth.step_time_s
             t = time.perf_counter()
-            pred = simulate(program, target, system, fidelity=f"surrogate:{fidelity}")
+            pred = simulate(program, target, system, fidelity=f"surrogate:{args.model or fidelity}")
             pred_s = time.perf_counter() - t
             lo, hi = pred.step_time_interval_s or (float("nan"), float("nan"))
             row = {"fidelity": fidelity, "program": program, "target": target, "system": system or "1 device",
