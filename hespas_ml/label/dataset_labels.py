@@ -10,8 +10,10 @@ Two ways of giving a fidelity its regions:
   source programs as possible; each of those is ingested and split again in this process, and its
   regions with pending hashes are labelled in chunks.
 
-Every chunk is committed to the cache as soon as it is labelled. Fidelities run one after another, so
-profiling never times while SCALE-Sim runs, nor beside itself.
+A fidelity's ``families`` keep only the regions that occur in a program of those families, and its
+``max_regions`` then takes the first N of them in hash order. Every chunk is committed to the cache as soon
+as it is labelled. Fidelities run one after another, so profiling never times while SCALE-Sim runs, nor
+beside itself.
 """
 from __future__ import annotations
 
@@ -192,12 +194,22 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
                 recorded = {"options": fs.counted_options(), "labels": 1}
             raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with "
                                f"{_what_changed(fs, recorded)}; build into a new folder")
-        scope = hashes[: fs.max_regions] if fs.max_regions else hashes
+        scope = hashes
+        if fs.families:
+            of_families = _hashes_of_families(spec, cache, fs.families)
+            scope = [h for h in hashes if h in of_families]
+        scope = scope[: fs.max_regions] if fs.max_regions else scope
         done = cache.labelled(fs.name, target.name)
         todo = {h for h in scope if h not in done}
         if todo:
             pending.append((target, todo))
     return pending
+
+
+def _hashes_of_families(spec: DatasetSpec, cache: BuildCache, families: list[str]) -> set[str]:
+    """The regions that occur in at least one of the spec's programs of ``families``."""
+    sources = {p.source for p in spec.programs if p.family in families}
+    return {h for s, sp, h, _, _ in cache.occurrences() if sp == spec.split and s in sources}
 
 
 def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:

@@ -17,7 +17,7 @@ A spec is a YAML file (see ``datasets/README.md`` for the full reference)::
     fidelities:
       roofline: {targets: all}
       scalesim: {targets: [TPUv3, TPUv4, sa32.yaml], budget_s: 10, memory_gb: 2, mode: auto}
-      profiling: {targets: [host-cpu], budget_s: 0.5}
+      profiling: {targets: [host-cpu], budget_s: 0.5, families: [mlp]}   # label only mlp's regions
     caps: {max_regions_per_program: 5000, max_ops_per_region: 2000, skip_empty_regions: true}
 
 Every problem is a :class:`DatasetSpecError` naming the spec file and the key, e.g.
@@ -41,7 +41,7 @@ from .fidelity import options_off_default
 
 SPLITS = ("fusion", "linear", "individual")
 KNOWN_FIDELITIES = ("roofline", "scalesim", "profiling")
-COMMON_FIDELITY_KEYS = ("targets", "max_regions", "chunk")
+COMMON_FIDELITY_KEYS = ("targets", "max_regions", "chunk", "families")
 SCALESIM_KEYS = ("budget_s", "memory_gb", "mode", "analytical_tail", "workers")
 CAP_DEFAULTS: dict[str, Any] = {"max_regions_per_program": None, "max_ops_per_region": None,
                                 "skip_empty_regions": True, "max_programs": None}
@@ -84,13 +84,15 @@ class TargetRef:
 
 @dataclass
 class FidelitySpec:
-    """One fidelity: its targets, options (passed to the fidelity) and per-target caps."""
+    """One fidelity: its targets, options (passed to the fidelity) and per-target caps. ``families``: label
+    only the regions that occur in a program of one of these families (None: every region)."""
 
     name: str
     targets: list[TargetRef]
     options: dict[str, Any] = field(default_factory=dict)
     max_regions: int | None = None
     chunk: int = 1
+    families: list[str] | None = None
 
     def counted_options(self) -> dict[str, Any]:
         """The options labels of this fidelity depend on: those written, less those at the fidelity's own
@@ -371,6 +373,10 @@ def _fidelity(name: str, data: Any, default_targets: list[TargetRef] | None, bas
         raise _fail(origin, f"{key}.targets", "missing (and no top-level 'targets' to default to)")
     max_regions = _positive_int(data.get("max_regions"), origin, f"{key}.max_regions")
     chunk = _positive_int(data.get("chunk", DEFAULT_CHUNK.get(name, 1)), origin, f"{key}.chunk")
+    families = data.get("families")
+    if families is not None and (not isinstance(families, list) or not families
+                                 or not all(isinstance(f, str) and f.strip() for f in families)):
+        raise _fail(origin, f"{key}.families", f"expected a non-empty list of family names, got {families!r}")
     options = {k: v for k, v in data.items() if k not in COMMON_FIDELITY_KEYS}
     if name == "roofline":
         _check_keys(options, (), origin, key)
@@ -404,7 +410,8 @@ def _fidelity(name: str, data: Any, default_targets: list[TargetRef] | None, bas
             cls(**options)                  # let the fidelity check its option values now
         except (HespasError, TypeError, ValueError) as exc:
             raise _fail(origin, key, str(exc)) from None
-    return FidelitySpec(name, targets, options, max_regions, chunk)
+    return FidelitySpec(name, targets, options, max_regions, chunk,
+                        sorted({f.strip() for f in families}) if families is not None else None)
 
 
 def _fidelities(value: Any, default_targets: list[TargetRef] | None, base: Path,
@@ -474,4 +481,10 @@ def load_spec(path: str | os.PathLike[str]) -> DatasetSpec:
         programs = programs[: caps["max_programs"]]
     default_targets = _targets(raw["targets"], base, origin, "targets") if "targets" in raw else None
     fidelities = _fidelities(raw.get("fidelities"), default_targets, base, origin)
+    known = {prog.family for prog in programs}
+    for fs in fidelities:
+        unknown = sorted(set(fs.families or ()) - known)
+        if unknown:
+            raise _fail(origin, f"fidelities.{fs.name}.families", f"no program of family {', '.join(unknown)} "
+                        f"(the spec's families: {', '.join(sorted(known))})")
     return DatasetSpec(p.resolve(), name.strip(), split, programs, fidelities, caps, raw)

@@ -184,6 +184,10 @@ CONV = str(shared_path("mlir", "convolution.mlir")) if (PROJECT_ROOT / ".." / "s
     ("programs: [{zoo: mlp, mlir: a.mlir}]\nfidelities: {roofline: {targets: [H100]}}", "programs[0]",
      "exactly one of"),
     ("programs: [{zoo: mlp}\n", "", "malformed YAML"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {targets: [H100], families: mlp}}",
+     "fidelities.roofline.families", "non-empty list of family names"),
+    ("programs: [{zoo: mlp}]\nfidelities: {roofline: {targets: [H100], families: [mlp, llama]}}",
+     "fidelities.roofline.families", "no program of family llama (the spec's families: mlp)"),
 ])
 def test_spec_errors_name_the_file_and_the_key(tmp_path, body, key, message):
     path = write_spec(tmp_path, body)
@@ -547,6 +551,34 @@ def test_labels_that_overran_their_budget_are_taken_again_with_a_larger_one(tmp_
     summary = build_dataset(spec(60), out, retry_failed=True, progress=False)
     assert summary["this_run"]["labels_new_profiling"] == len(tables)
     assert set(load_dataset(out).labels["status"]) == {"ok"}
+
+
+def test_a_fidelity_can_label_only_the_regions_of_some_families_and_the_rest_later(tmp_path):
+    (tmp_path / "small.mlir").write_text(mlp_program(1, dim=64))
+    (tmp_path / "big.mlir").write_text(mlp_program(2, dim=64, prologue=True))   # its dot and epilogue too
+    (tmp_path / "other.mlir").write_text(mlp_program(1, dim=32))
+    spec = """
+        programs:
+          - {mlir: [small.mlir, big.mlir], family: ours}
+          - {mlir: [other.mlir], family: theirs}
+        fidelities:
+          roofline: {targets: [H100]}
+          scalesim: {targets: [%s], budget_s: 30, workers: 1%s}
+        """
+    path = write_spec(tmp_path, spec % (SA32, ", families: [ours]"))
+    out = tmp_path / "out"
+    build_dataset(path, out, progress=False)
+    ds = load_dataset(out)
+    ours = {h for h, f in zip(ds.regions["hash"], ds.regions["families"]) if "ours" in json.loads(f)}
+    assert 0 < len(ours) < len(ds.regions)
+    def labelled(fidelity):
+        return set(ds.labels[ds.labels["fidelity"] == fidelity]["hash"])
+    assert labelled("scalesim") == ours and labelled("roofline") == set(ds.regions["hash"])
+    write_spec(tmp_path, spec % (SA32, ""))                      # the same labels: the folder resumes
+    summary = build_dataset(path, out, progress=False)
+    ds = load_dataset(out)
+    assert summary["this_run"]["labels_new_scalesim"] == len(ds.regions) - len(ours)
+    assert labelled("scalesim") == set(ds.regions["hash"])
 
 
 def test_a_folder_refuses_labels_of_a_target_whose_figures_changed_and_says_so(tmp_path):
