@@ -62,7 +62,8 @@ def cmd_build(args) -> int:
         w(f"spec        {spec.path} ({spec.name}, {spec.split} split)\n")
         w(f"programs    {len(spec.programs)}: " + ", ".join(f"{k} {v}" for k, v in families.items()) + "\n")
         for fs in spec.fidelities:
-            cap = f", at most {fs.max_regions} regions per target" if fs.max_regions else ""
+            cap = f", only regions of {', '.join(fs.families)}" if fs.families else ""
+            cap += f", at most {fs.max_regions} regions per target" if fs.max_regions else ""
             w(f"{fs.name:<11} {len(fs.targets)} target(s): {', '.join(t.ref for t in fs.targets)}{cap}\n")
         return 0
     if not args.out:

@@ -553,7 +553,7 @@ def test_labels_that_overran_their_budget_are_taken_again_with_a_larger_one(tmp_
     assert set(load_dataset(out).labels["status"]) == {"ok"}
 
 
-def test_a_fidelity_can_label_only_the_regions_of_some_families_and_the_rest_later(tmp_path):
+def test_a_fidelity_can_label_only_the_regions_of_some_families_and_the_rest_later(tmp_path, capsys):
     (tmp_path / "small.mlir").write_text(mlp_program(1, dim=64))
     (tmp_path / "big.mlir").write_text(mlp_program(2, dim=64, prologue=True))   # its dot and epilogue too
     (tmp_path / "other.mlir").write_text(mlp_program(1, dim=32))
@@ -566,6 +566,8 @@ def test_a_fidelity_can_label_only_the_regions_of_some_families_and_the_rest_lat
           scalesim: {targets: [%s], budget_s: 30, workers: 1%s}
         """
     path = write_spec(tmp_path, spec % (SA32, ", families: [ours]"))
+    assert main(["dataset", "build", str(path), "--dry-run"]) == 0
+    assert "scalesim    1 target(s): %s, only regions of ours\n" % SA32 in capsys.readouterr().out
     out = tmp_path / "out"
     build_dataset(path, out, progress=False)
     ds = load_dataset(out)
