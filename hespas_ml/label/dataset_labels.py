@@ -175,6 +175,11 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
              targets: dict[str, Any]) -> list[tuple[Any, set[str]]]:
     from .targets import load_target
 
+    scope = hashes                                  # the same regions on every target
+    if fs.families:
+        of_families = _hashes_of_families(spec, cache, fs.families)
+        scope = [h for h in hashes if h in of_families]
+    scope = scope[: fs.max_regions] if fs.max_regions else scope
     pending: list[tuple[Any, set[str]]] = []
     names: dict[str, str] = {}
     for ref in fs.targets:
@@ -194,11 +199,6 @@ def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: lis
                 recorded = {"options": fs.counted_options(), "labels": 1}
             raise DatasetError(f"{cache.dir}: its {fs.name} labels on {target.name} were made with "
                                f"{_what_changed(fs, recorded)}; build into a new folder")
-        scope = hashes
-        if fs.families:
-            of_families = _hashes_of_families(spec, cache, fs.families)
-            scope = [h for h in hashes if h in of_families]
-        scope = scope[: fs.max_regions] if fs.max_regions else scope
         done = cache.labelled(fs.name, target.name)
         todo = {h for h in scope if h not in done}
         if todo:
