@@ -105,7 +105,9 @@ class SurrogateFidelity:
     def caveat(self, target) -> str | None:
         """What a user must know about these predictions on ``target``, in one line, or None. A profiling
         surrogate learned the timings of the machine its labels were measured on: when this machine's
-        ``host-cpu`` (same name) measures differently, the predictions are still the other machine's."""
+        ``host-cpu`` (same name) measures differently, the predictions are still the other machine's. When
+        ``host-cpu`` was measured on fewer cores than the machine has (the process was pinned), it says so:
+        that alone makes the same machine measure as another."""
         target = resolve_target(target)
         if self.fidelity != "profiling" or target.name not in self.trained_targets:
             return None
@@ -117,9 +119,13 @@ class SurrogateFidelity:
         def rates(v: dict[str, float]) -> str:
             return (f"f32 peak {10 ** v['log10_matrix_flops_f32'] / 1e9:,.0f} GFLOP/s, "
                     f"memory {10 ** v['log10_mem_bw'] / 1e9:,.0f} GB/s")
+        cores, count = target.measured.get("cores"), target.measured.get("cpu_count")
+        pinned = (f"; {target.name} was measured on {cores} of this machine's {count} cores, so a CPU affinity "
+                  "or cpuset limit (taskset, numactl, a container's --cpuset-cpus) may be what differs"
+                  if isinstance(cores, int) and isinstance(count, int) and cores < count else "")
         return (f"{self.name} learned the {target.name} timings of another machine ({rates(seen)}) and predicts "
                 f"that machine's times, not this one's ({rates(here)}): label this machine (hespas-ml dataset "
-                "build) and train on it (hespas-ml train --fidelity profiling)")
+                f"build) and train on it (hespas-ml train --fidelity profiling){pinned}")
 
     def label_regions(self, regions: Sequence, target) -> list[Label]:
         """One label per region, predicted in one batch (identical regions once). When :meth:`caveat` has

@@ -123,6 +123,15 @@ def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learne
     assert main(["predict", PROGRAM, "--fidelity", "profiling", "--target", str(path), "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["warnings"] == [caveat] and err.strip() == f"warning: {caveat}"
+    assert "cores" not in caveat                       # no core counts measured: nothing said about pinning
+
+    pinned = path.with_name("pinned-host.yaml")        # the same, measured by a process pinned to 1 of 2 cores
+    pinned.write_text(path.read_text() + "measured: {cores: 1, cpu_count: 2}\n")
+    said = profiling.caveat(str(pinned))
+    assert said.startswith(caveat) and "measured on 1 of this machine's 2 cores" in said and "taskset" in said
+    unpinned = path.with_name("unpinned-host.yaml")
+    unpinned.write_text(path.read_text() + "measured: {cores: 2, cpu_count: 2}\n")
+    assert profiling.caveat(str(unpinned)) == caveat
 
 
 def test_models_folder_can_be_moved_with_HESPAS_ML_MODELS(tmp_path, monkeypatch, regions):
