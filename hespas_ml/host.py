@@ -69,3 +69,47 @@ def package_version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "absent"
+
+
+@functools.lru_cache(maxsize=1)
+def machine_identity() -> dict[str, str | int]:
+    """Who measured: host name, processor (model and :func:`cpu_fingerprint`), cores, memory, kernel and a
+    hash of the machine id (``/etc/machine-id``), so that measurements say which machine took them."""
+    try:
+        machine_id = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine_id = ""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        memory = 0
+    return {"hostname": platform.node(), "cpu": cpu_model(), "cpu_fingerprint": cpu_fingerprint(),
+            "cores": os.cpu_count() or 1, "memory_gb": round(memory / 2**30, 1), "kernel": platform.release(),
+            "machine_id": hashlib.sha256(machine_id.encode()).hexdigest()[:16] if machine_id else "unknown"}
+
+
+GPU_QUERY = ("name", "uuid", "driver_version", "vbios_version", "pci.bus_id", "memory.total", "clocks.sm",
+             "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "temperature.gpu", "pstate")
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_facts() -> dict[str, str] | None:
+    """The first NVIDIA GPU as ``nvidia-smi`` reports it (name, driver, clocks in MHz, power limit …, and
+    the CUDA version the driver supports); None where there is no ``nvidia-smi`` or it fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+        facts = {k.replace(".", "_"): v for k, v in zip(GPU_QUERY, values)}
+        banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in banner.splitlines():
+        if "CUDA Version" in line:
+            facts["cuda_version"] = line.split("CUDA Version:")[1].split()[0].strip("|")
+            break
+    return facts

@@ -131,14 +131,15 @@ def scope_hashes(spec: DatasetSpec, cache: BuildCache) -> list[str]:
     return sorted({h for s, sp, h, _, _ in cache.occurrences() if (s, sp) in ok})
 
 
-def build_dataset(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, workers: int | None = None,
-                  retry_failed: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Build (or resume) the dataset of ``spec_path`` in ``out_dir``; returns the manifest's summary.
+def build_dataset(spec_path: str | os.PathLike[str] | DatasetSpec, out_dir: str | os.PathLike[str], *,
+                  workers: int | None = None, retry_failed: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Build (or resume) the dataset of ``spec_path`` (a spec file, or a spec already read) in ``out_dir``;
+    returns the manifest's summary.
 
     ``workers``: processes for exporting/splitting programs and SCALE-Sim calls (default: half the cores).
     ``retry_failed``: label (and split) again what failed before; otherwise failures are kept and skipped.
     """
-    spec = load_spec(spec_path)
+    spec = spec_path if isinstance(spec_path, DatasetSpec) else load_spec(spec_path)
     workers = workers or default_workers()
     if workers < 1:
         raise DatasetError(f"{out_dir}: workers must be at least 1, got {workers}")

@@ -286,12 +286,14 @@ def _mlir_programs(entry: dict[str, Any], base: Path, origin: str, key: str) -> 
     return out
 
 
-def _programs(value: Any, base: Path, origin: str) -> list[ProgramSpec]:
+def parse_programs(value: Any, base: Path, origin: str, where: str = "programs") -> list[ProgramSpec]:
+    """The programs of a list of program entries (``zoo:`` or ``mlir:``, as under a spec's ``programs``),
+    each program once; ``where`` names the list in errors."""
     if not isinstance(value, list) or not value:
-        raise _fail(origin, "programs", "expected a non-empty list of program entries (zoo: or mlir:)")
+        raise _fail(origin, where, "expected a non-empty list of program entries (zoo: or mlir:)")
     out: list[ProgramSpec] = []
     for i, entry in enumerate(value):
-        key = f"programs[{i}]"
+        key = f"{where}[{i}]"
         if not isinstance(entry, dict):
             raise _fail(origin, key, f"expected a mapping with 'zoo' or 'mlir', got {entry!r}")
         if ("zoo" in entry) == ("mlir" in entry):
@@ -475,7 +477,7 @@ def load_spec(path: str | os.PathLike[str]) -> DatasetSpec:
     split = raw.get("split", "fusion")
     if split not in SPLITS:
         raise _fail(origin, "split", f"expected one of {', '.join(SPLITS)}, got {split!r}")
-    programs = _programs(raw.get("programs"), base, origin)
+    programs = parse_programs(raw.get("programs"), base, origin)
     caps = _caps(raw.get("caps"), origin)
     if caps["max_programs"] is not None:
         programs = programs[: caps["max_programs"]]

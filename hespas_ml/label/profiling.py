@@ -87,13 +87,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .fidelity import FidelityError, Label, options_off_default
-from ..host import cache_dir, cpu_model, package_version, schedulable_cores
+from ..host import cache_dir, cpu_model, gpu_facts, machine_identity, package_version, schedulable_cores
 from .profiling_worker import CORES_ENV
 from .targets import HOST_CPU, Target
 
 MODULE_NAME = "region"            # every extracted module gets this name, so identical regions share a key
 START_TIMEOUT_S = 180.0           # importing jax and starting the backend in the worker
 GPU_BACKENDS = ("gpu", "cuda", "rocm")
+# what the worker reports of itself that a label keeps as its provenance
+PROVENANCE_KEYS = ("jaxlib_version", "platform_version", "timing", "compute_capability", "core_count",
+                   "memory_bytes", "cores")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
 SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed")
@@ -108,7 +111,6 @@ class _Item:
 
     region: Any
     text: str | None = None
-    digest: str | None = None
     label: Label | None = None
 
 
@@ -122,6 +124,8 @@ class ProfilingFidelity:
     ``target_noise``: sampling stops early once IQR / median is below it and the median has settled.
     ``sample_s``: the shortest sample (short regions are executed several times per sample).
     ``cores``: pin the CPU worker to that many cores (default 1; None: every core; see **Cores** above).
+    ``compile_threads``: modules compiled at once, ahead of their timings (None: up to 8 on a GPU, where
+    XLA's compile and autotuning take longer than a timing; 1 on the CPU, one module at a time).
     ``statistic``: ``median`` (default) or ``min`` of the samples (then sampling never stops early).
     ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
     median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
@@ -132,7 +136,7 @@ class ProfilingFidelity:
 
     name = "profiling"
     # options that change how labels are taken, not what they are: a dataset folder resumes across them
-    RUN_OPTIONS = ("budget_s", "lock_timeout_s", "cache", "cache_max_noise")
+    RUN_OPTIONS = ("budget_s", "lock_timeout_s", "cache", "cache_max_noise", "compile_threads")
     # what a label measures, in the result cache's key and a dataset folder's fingerprint (labels of two
     # versions never mix): 1 until 2026-11-25; 2 keeps freed memory in the worker (WORKER_MALLOC_ENV)
     LABEL_VERSION = 2
@@ -141,7 +145,8 @@ class ProfilingFidelity:
     def __init__(self, budget_s: float = 60.0, measure_s: float = 1.0, min_repeats: int = 5,
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
-                 cache_max_noise: float = 0.10, cores: int | None = 1, statistic: str = "median"):
+                 cache_max_noise: float = 0.10, cores: int | None = 1, statistic: str = "median",
+                 compile_threads: int | None = None):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):
@@ -151,10 +156,15 @@ class ProfilingFidelity:
             raise FidelityError(f"profiling: need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}")
         if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):
             raise FidelityError(f"profiling: cores must be a whole number >= 1 (or null: every core), got {cores!r}")
+        if compile_threads is not None and (not isinstance(compile_threads, int) or isinstance(compile_threads, bool)
+                                            or compile_threads < 1):
+            raise FidelityError(f"profiling: compile_threads must be a whole number >= 1 (or null: automatic), "
+                                f"got {compile_threads!r}")
         if statistic not in STATISTICS:
             raise FidelityError(f"profiling: statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
         self.statistic = statistic
         self.cores = cores
+        self.compile_threads = compile_threads
         self.budget_s = float(budget_s)
         self.measure_s = float(measure_s)
         self.min_repeats, self.max_repeats = min_repeats, max_repeats
@@ -166,6 +176,8 @@ class ProfilingFidelity:
         self.seed = seed
         self.stats = {"timed": 0, "cached": 0, "failed": 0, "worker_starts": 0}
         self._workers: dict[str, _Worker] = {}      # "cpu" | "default" -> worker
+        self._provenance_key: tuple[int, int] | None = None
+        self._provenance: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     # -- public interface ---------------------------------------------------------------------------
@@ -175,34 +187,84 @@ class ProfilingFidelity:
 
     def label_regions(self, regions: Sequence, target: Target) -> list[Label]:
         with self._lock:
-            worker = self._worker_for(target)
             items = [_Item(r) for r in regions]
             self._extract(items)
-            identity = self._identity(worker)
-            pending: dict[str, list[_Item]] = {}
-            for item in items:
-                if item.label is None:
-                    cached = self._cache_get(item.digest, identity)
-                    if cached is not None:
-                        item.label = self._to_label(cached, identity, item.digest, cached=True)
-                        self.stats["cached"] += 1
-                    else:
-                        pending.setdefault(item.digest, []).append(item)
-            for digest, group in pending.items():
-                result = worker.profile(self._request(group[0].text), self.budget_s, self.lock_timeout_s)
-                if "error" in result:
-                    if result.get("kind") in CACHED_FAILURES:
-                        self._cache_put(digest, identity, result)
-                elif self._quiet_enough(result):   # a label timed under load is timed again next time
-                    self._cache_put(digest, identity, result)
-                label = self._to_label(result, identity, digest, cached=False)
-                if label.status == "ok":
-                    self.stats["timed"] += 1
-                for item in group:
-                    item.label = Label(label.seconds, label.status, dict(label.meta))
-            self.stats["failed"] += sum(1 for it in items if it.label.status != "ok")
-            self.stats["worker_starts"] = sum(w.starts for w in self._workers.values())
+            todo = [it for it in items if it.label is None]
+            for item, label in zip(todo, self._label_texts([it.text for it in todo], target)):
+                item.label = label
+            self.stats["failed"] += sum(1 for it in items if it.label.status != "ok" and it.text is None)
             return [it.label for it in items]
+
+    def label_modules(self, texts: Sequence[str], target: Target) -> list[Label]:
+        """Labels of StableHLO modules given as text (each with a ``@main``), as regions are labelled:
+        the cache first, identical modules timed once."""
+        with self._lock:
+            return self._label_texts(list(texts), target)
+
+    def _label_texts(self, texts: list[str], target: Target) -> list[Label]:
+        worker = self._worker_for(target)
+        identity = self._identity(worker)
+        labels: list[Label | None] = [None] * len(texts)
+        digests = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+        pending: dict[str, list[int]] = {}
+        for i, digest in enumerate(digests):
+            cached = self._cache_get(digest, identity)
+            if cached is not None:
+                labels[i] = self._to_label(cached, worker, digest, cached=True)
+                self.stats["cached"] += 1
+            else:
+                pending.setdefault(digest, []).append(i)
+        order = list(pending)
+        results = self._profile_all(worker, [texts[pending[d][0]] for d in order])
+        for digest, result in zip(order, results):
+            result = {**result, **self._provenance_of(worker)}        # cached with the result it belongs to
+            if "error" in result:
+                if result.get("kind") in CACHED_FAILURES:
+                    self._cache_put(digest, identity, result)
+            elif self._quiet_enough(result):   # a label timed under load is timed again next time
+                self._cache_put(digest, identity, result)
+            label = self._to_label(result, worker, digest, cached=False)
+            if label.status == "ok":
+                self.stats["timed"] += 1
+            for i in pending[digest]:
+                labels[i] = Label(label.seconds, label.status, dict(label.meta))
+        self.stats["failed"] += sum(1 for lab in labels if lab.status != "ok")
+        self.stats["worker_starts"] = sum(w.starts for w in self._workers.values())
+        return labels
+
+    def batch_size(self, target: Target) -> int:
+        """Modules compiled ahead as one batch on ``target`` (1 where they are compiled one at a time)."""
+        threads = self._threads(self._worker_for(target))
+        return 4 * threads if threads > 1 else 1
+
+    def _threads(self, worker: _Worker) -> int:
+        if self.compile_threads is not None:
+            return self.compile_threads
+        if worker.info().get("backend") in GPU_BACKENDS:
+            return max(1, min(8, os.cpu_count() or 1))
+        return 1
+
+    def _profile_all(self, worker: _Worker, texts: list[str]) -> list[dict[str, Any]]:
+        """The worker's result for each module: one at a time, or in batches compiled ahead."""
+        threads = self._threads(worker) if texts else 1
+        if threads <= 1 or len(texts) <= 1:
+            return [worker.profile(self._request(t), self.budget_s, self.lock_timeout_s) for t in texts]
+        results: list[dict[str, Any] | None] = [None] * len(texts)
+        todo = list(range(len(texts)))
+        while todo:
+            batch, todo = todo[: 4 * threads], todo[4 * threads:]      # as batch_size
+            request = {**self._request(""), "texts": [texts[i] for i in batch], "threads": threads}
+            request.pop("text")
+            got = worker.profile_batch(request, self.budget_s, self.lock_timeout_s, threads)
+            for i, result in zip(batch, got):
+                results[i] = result
+            left = [i for i in batch if results[i] is None]
+            if left and all(results[i] is None for i in batch):    # lost while compiling: one at a time
+                for i in left:
+                    results[i] = worker.profile(self._request(texts[i]), self.budget_s, self.lock_timeout_s)
+            else:
+                todo = left + todo
+        return [r for r in results if r is not None]
 
     def time_module(self, text: str, target: Target | str = HOST_CPU, measure_s: float | None = None) -> dict[str, Any]:
         """Time one StableHLO module (text) as a region is timed, never cached: the worker's result
@@ -215,7 +277,15 @@ class ProfilingFidelity:
             result = worker.profile(request, self.budget_s, self.lock_timeout_s)
             if "error" in result:
                 raise FidelityError(f"profiling: {result['error']}")
-            return {**result, **self._identity(worker)}
+            return {**result, **self._provenance_of(worker), **self._identity(worker)}
+
+    def provenance(self, target: Target | str = HOST_CPU) -> dict[str, Any]:
+        """What labels on ``target`` are measured on: backend, device, jax and jaxlib versions, the
+        backend's platform version, GPU facts jax reports (compute capability, multiprocessors, memory)
+        and the driver's (:func:`hespas_ml.host.gpu_facts`), how executions are timed, and the machine
+        (:func:`hespas_ml.host.machine_identity`). Starts the worker if it is not running."""
+        worker = self._worker_for(target)
+        return {**self._provenance_of(worker), **self._identity(worker)}
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
@@ -250,50 +320,14 @@ class ProfilingFidelity:
 
     # -- regions -> modules -------------------------------------------------------------------------
 
-    def _extract(self, items: list[_Item]) -> None:
-        """Give each item its extracted module text and digest, or a failed label."""
-        from ..ingest.errors import HespasError
-        from ..ingest.extract import extract_regions, program_data
-        from ..ingest.zoo import is_zoo_spec
-
-        by_graph: dict[int, list[_Item]] = {}
-        for item in items:
-            region = item.region
-            if getattr(region, "kind", "compute") != "compute":
-                item.label = _failed("collective", "collectives are not profiled (the network replay times them)")
-            elif getattr(region, "graph", None) is None:
-                item.label = _failed("extract", "the region does not know its program (region.graph is None)")
-            else:
-                by_graph.setdefault(id(region.graph), []).append(item)
-        for group in by_graph.values():
-            graph = group[0].region.graph
-            try:
-                data = program_data(graph)
-                trusted = is_zoo_spec(graph.source)
-                try:
-                    texts = extract_regions(data, [it.region.op_ids for it in group], source=graph.source,
-                                            names=[MODULE_NAME] * len(group), trusted=trusted)
-                except HespasError:          # pin the failure on its region
-                    texts = [self._extract_one(data, it, graph.source, trusted) for it in group]
-            except HespasError as exc:
-                for it in group:
-                    it.label = _failed("extract", str(exc))
-                continue
-            for it, text in zip(group, texts):
-                if text is not None:
-                    it.text = text
-                    it.digest = hashlib.sha256(text.encode()).hexdigest()
-
     @staticmethod
-    def _extract_one(data, item: _Item, source: str, trusted: bool) -> str | None:
-        from ..ingest.errors import HespasError
-        from ..ingest.extract import extract_region
-
-        try:
-            return extract_region(data, item.region.op_ids, source=source, name=MODULE_NAME, trusted=trusted)
-        except HespasError as exc:
-            item.label = _failed("extract", str(exc))
-            return None
+    def _extract(items: list[_Item]) -> None:
+        """Give each item its extracted module text, or a failed label."""
+        for item, module in zip(items, extract_region_modules([it.region for it in items])):
+            if isinstance(module, Label):
+                item.label = module
+            else:
+                item.text = module
 
     # -- requests, results, cache -------------------------------------------------------------------
 
@@ -317,9 +351,9 @@ class ProfilingFidelity:
         info = worker.info()
         return {"backend": info["backend"], "device": info["device_kind"], "jax_version": info["jax_version"]}
 
-    def _to_label(self, result: dict[str, Any], identity: dict[str, str], digest: str, cached: bool) -> Label:
-        meta = {k: v for k, v in result.items() if k not in ("event", "id", "error")}
-        meta.update(identity)
+    def _to_label(self, result: dict[str, Any], worker: _Worker, digest: str, cached: bool) -> Label:
+        meta = {k: v for k, v in result.items() if k not in ("event", "id", "error", "index")}
+        meta.update(self._identity(worker))
         meta["module_sha256"] = digest
         meta["cached"] = cached
         if "error" in result:
@@ -331,6 +365,18 @@ class ProfilingFidelity:
         meta["statistic"] = self.statistic
         meta["label_version"] = self.LABEL_VERSION
         return Label(float(result[f"{self.statistic}_s"]), "ok", meta)
+
+    def _provenance_of(self, worker: _Worker) -> dict[str, Any]:
+        """:meth:`provenance` of a running worker, worked out once per worker start."""
+        key = (id(worker), worker.starts)
+        if self._provenance_key != key:
+            info = worker.info()
+            facts = {k: info[k] for k in PROVENANCE_KEYS if info.get(k) is not None}
+            if info.get("backend") in GPU_BACKENDS:
+                facts.update({f"gpu_{k}": v for k, v in (gpu_facts() or {}).items()})
+            facts["machine"] = machine_identity()
+            self._provenance_key, self._provenance = key, facts
+        return dict(self._provenance)
 
     def _quiet_enough(self, result: dict[str, Any]) -> bool:
         median = float(result.get("median_s") or 0.0)
@@ -395,6 +441,45 @@ _LIVE_WORKERS: weakref.WeakSet = weakref.WeakSet()
 def _stop_workers() -> None:
     for worker in list(_LIVE_WORKERS):
         worker.stop()
+
+
+def extract_region_modules(regions: Sequence) -> list[str | Label]:
+    """Each compute region cut out of its program as a standalone module (StableHLO text with a
+    ``@main``, named alike so identical regions give identical text), or a failed label saying why not."""
+    from ..ingest.errors import HespasError
+    from ..ingest.extract import extract_region, extract_regions, program_data
+    from ..ingest.zoo import is_zoo_spec
+
+    out: list[str | Label | None] = [None] * len(regions)
+    by_graph: dict[int, list[int]] = {}
+    for i, region in enumerate(regions):
+        if getattr(region, "kind", "compute") != "compute":
+            out[i] = _failed("collective", "collectives are not profiled (the network replay times them)")
+        elif getattr(region, "graph", None) is None:
+            out[i] = _failed("extract", "the region does not know its program (region.graph is None)")
+        else:
+            by_graph.setdefault(id(region.graph), []).append(i)
+    for group in by_graph.values():
+        graph = regions[group[0]].graph
+        try:
+            data = program_data(graph)
+            trusted = is_zoo_spec(graph.source)
+            try:
+                texts = extract_regions(data, [regions[i].op_ids for i in group], source=graph.source,
+                                        names=[MODULE_NAME] * len(group), trusted=trusted)
+            except HespasError:          # pin the failure on its region
+                texts = []
+                for i in group:
+                    try:
+                        texts.append(extract_region(data, regions[i].op_ids, source=graph.source,
+                                                    name=MODULE_NAME, trusted=trusted))
+                    except HespasError as exc:
+                        texts.append(_failed("extract", str(exc)))
+        except HespasError as exc:
+            texts = [_failed("extract", str(exc))] * len(group)
+        for i, text in zip(group, texts):
+            out[i] = text
+    return out
 
 
 def _failed(kind: str, reason: str) -> Label:
@@ -462,6 +547,55 @@ class _Worker:
             elif message.get("event") == "result":
                 message["overhead_s"] = ready.get("overhead_s")
                 return message
+
+    def profile_batch(self, request: dict[str, Any], budget_s: float, lock_timeout_s: float,
+                      threads: int) -> list[dict[str, Any] | None]:
+        """Send a batch (``request["texts"]``): one result per module, None for the modules the worker
+        never got to because it was killed or died. A module that was being timed when that happened gets
+        the failure; while compiling, every module stays None (the caller then finds the culprit)."""
+        n = len(request["texts"])
+        results: list[dict[str, Any] | None] = [None] * n
+        try:
+            ready = self.info()
+        except FidelityError as exc:
+            return [{"error": str(exc), "kind": "worker"}] * n
+        self.next_id += 1
+        rid = self.next_id
+        try:
+            self.proc.stdin.write((json.dumps({"id": rid, **request}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            self.stop()
+            return results
+        deadline = time.monotonic() + lock_timeout_s + 30.0
+        current: int | None = None                  # the module being timed
+        while True:
+            message = self._message(deadline)
+            if message is None:
+                died = self.proc.poll() is not None or self._eof
+                failure = (self._died("the worker died while profiling the region") if died else
+                           {"error": f"the region took more than its budget of {budget_s:g} s (compile + "
+                                     "timing): its worker was killed", "kind": "timeout"})
+                self.stop()
+                if current is not None:
+                    results[current] = failure
+                return results
+            if message.get("id") != rid:
+                continue
+            event = message.get("event")
+            if event == "locked":                   # compiling: budget_s per round of threads
+                deadline = time.monotonic() + budget_s * math.ceil(n / max(1, threads))
+            elif event == "compiled":
+                current, deadline = 0, time.monotonic() + budget_s
+            elif event == "result" and "index" not in message:      # the lock stayed busy
+                return [dict(message)] * n
+            elif event == "result":
+                message["overhead_s"] = ready.get("overhead_s")
+                results[message["index"]] = message
+                current = message["index"] + 1
+                if current >= n:
+                    return results
+                deadline = time.monotonic() + budget_s
 
     def _message(self, deadline: float) -> dict[str, Any] | None:
         """The worker's next ``@@`` message; None at the deadline or when its output ends."""

@@ -15,11 +15,23 @@ ignored):
   no two processes on the machine time at once), then ``{"id", "event": "result", ...}`` with
   :func:`profile`'s fields, or ``{"id", "event": "result", "error", "kind"}`` (``kind``: ``lock``,
   ``compile``, ``inputs``, ``run``).
+* A batch: the same request with ``"texts"`` (a list) in place of ``"text"`` and ``"threads"``. The worker
+  takes the lock, compiles every module on that many threads (``{"id", "event": "compiled"}`` when all
+  are), then times them one after another, each ``{"id", "event": "result", "index", ...}`` as it ends.
+  Compiling never overlaps a timing: XLA:GPU autotunes on the device and XLA:CPU compiles on the cores
+  being timed.
 
 Timing (:func:`measure`): one warm-up execution (two more when they are cheap), then *samples*, each
 the mean of ``calls`` back-to-back executions (enough for a sample to last ``sample_s``, so short modules
 are not drowned in timer and dispatch jitter), until the spread is small and settled, or the spread
 itself has settled, or ``measure_s`` is spent, or ``max_repeats`` samples are taken.
+
+On the CPU every execution is waited for (``timing: blocking``). On a GPU the executions of a sample are
+queued back to back and the sample ends when the last one has finished (``timing: pipelined``): the
+device runs them as it runs a program's kernels, one after another on its stream, and the host's
+dispatch overlaps the device's work instead of adding to it. A label still carries the dispatch cost of
+one execution where the kernel is shorter than it; ``overhead_s`` (a trivial module timed the same way)
+says how much that is.
 """
 from __future__ import annotations
 
@@ -29,6 +41,8 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable
 
 CORES_ENV = "HESPAS_ML_PROFILE_CORES"     # set by the parent: run on that many cores (see pin_cores)
@@ -137,7 +151,8 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 
 def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_repeats: int,
-            target_noise: float, sample_s: float, early_stop: bool = True) -> dict[str, Any]:
+            target_noise: float, sample_s: float, early_stop: bool = True,
+            finish: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Time ``call`` (which blocks until its work is done) in about ``measure_s`` seconds at most.
 
     Warm-up, then samples of ``calls`` back-to-back calls each (a sample lasts about ``sample_s``).
@@ -148,14 +163,17 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
     less than 10 % of the median: ``iqr_stable``), or after ``max_repeats`` samples. Once ``measure_s``
     (warm-up included) is spent sampling stops (``measure_s``), with one sample at least.
     ``early_stop=False``: neither ``stable`` nor ``iqr_stable`` stops it (a minimum wants the whole window).
+    ``finish``: ``call`` only queues its work and returns a handle; ``finish(handle)`` waits for it. The
+    calls of a sample are then queued back to back and only the last one is waited for.
     """
+    wait = finish or (lambda handle: handle)
     start = time.perf_counter()
-    call()
+    wait(call())
     first = time.perf_counter() - start
     warm = [first]
     while len(warm) < 3 and sum(warm) < min(0.05, 0.1 * measure_s):
         t = time.perf_counter()
-        call()
+        wait(call())
         warm.append(time.perf_counter() - t)
     per_call = min(warm[1:]) if len(warm) > 1 else first
     calls = max(1, min(1_000_000, math.ceil(sample_s / max(per_call, 1e-7))))
@@ -169,8 +187,10 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
     try:
         while len(samples) < max_repeats:
             t = time.perf_counter()
+            handle = None
             for _ in range(calls):
-                call()
+                handle = call()
+            wait(handle)
             samples.append((time.perf_counter() - t) / calls)
             n = len(samples)
             if time.perf_counter() - start >= measure_s:
@@ -205,6 +225,18 @@ def _load() -> float | None:
         return None
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+@dataclass
+class Compiled:
+    """A module compiled for the profiler's device, and what its parameters are."""
+
+    exe: Any
+    params: list[tuple[tuple[int, ...], str]]
+    compile_s: float
+
+
 class Profiler:
     """jax's backend, and compiling + timing modules on its first device."""
 
@@ -218,54 +250,120 @@ class Profiler:
         self.backend = jeb.get_backend()
         self.device = self.backend.local_devices()[0]
         self.options = jeb.get_compile_options(num_replicas=1, num_partitions=1)
+        self.pipelined = self.backend.platform in GPU_PLATFORMS
         self.overhead_s = self._overhead()
 
     def describe(self) -> dict[str, Any]:
+        """What the labels are measured on: backend, device, versions, cores, dispatch overhead."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return {"backend": self.backend.platform, "device_kind": self.device.device_kind, "cores": cores,
-                "platform_version": self.backend.platform_version, "jax_version": self.jax.__version__,
-                "overhead_s": self.overhead_s}
+        facts = {"backend": self.backend.platform, "device_kind": self.device.device_kind, "cores": cores,
+                 "platform_version": self.backend.platform_version, "jax_version": self.jax.__version__,
+                 "jaxlib_version": _version("jaxlib"), "overhead_s": self.overhead_s,
+                 "timing": "pipelined" if self.pipelined else "blocking"}
+        for name in ("compute_capability", "core_count"):     # GPU devices only
+            value = getattr(self.device, name, None)
+            if value is not None:
+                facts[name] = str(value)
+        try:
+            limit = (self.device.memory_stats() or {}).get("bytes_limit")
+        except Exception:  # noqa: BLE001 - not every backend reports memory
+            limit = None
+        if limit:
+            facts["memory_bytes"] = int(limit)
+        return facts
 
     def _overhead(self) -> float:
         import numpy as np
 
-        exe = self.backend.compile_and_load(TRIVIAL_MODULE, [self.device], self.options)
+        compiled = self.compile(TRIVIAL_MODULE)
         args = [self.jax.device_put(np.float32(1.0), self.device)]
-        result = measure(lambda: self.jax.block_until_ready(exe.execute(args)), 0.5, 5, 100, 0.05, 0.002)
+        call, finish = self._caller(compiled.exe, args)
+        result = measure(call, 0.5, 5, 100, 0.05, 0.002, finish=finish)
         return result["median_s"]
 
-    def profile(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Compile and time one module: timing fields of :func:`measure`, ``compile_s``, XLA's cost
-        analysis (``xla_flops``, ``xla_bytes``); or ``error`` and ``kind``."""
-        import numpy as np
-
+    def compile(self, text: str) -> Compiled:
+        """Compile a module (tuple parameters flattened, see :func:`feedable`); raises ProfileError."""
         try:
-            text, params = feedable(request["text"])
+            text, params = feedable(text)
         except Exception as exc:  # noqa: BLE001 - any failure is the module's, reported as a reason
-            return {"error": f"cannot feed the module: {_first_line(exc)}", "kind": "inputs"}
+            raise ProfileError("inputs", f"cannot feed the module: {_first_line(exc)}") from None
         t = time.perf_counter()
         try:
             exe = self.backend.compile_and_load(text, [self.device], self.options)
         except Exception as exc:  # noqa: BLE001
-            return {"error": f"XLA cannot compile it: {_first_line(exc)}", "kind": "compile"}
-        compile_s = time.perf_counter() - t
+            raise ProfileError("compile", f"XLA cannot compile it: {_first_line(exc)}") from None
+        return Compiled(exe, params, time.perf_counter() - t)
+
+    def _caller(self, exe, args) -> tuple[Callable[[], Any], Callable[[Any], Any] | None]:
+        """``(call, finish)`` for :func:`measure`: blocking on the CPU, queued on a GPU."""
+        if self.pipelined:
+            return (lambda: exe.execute(args)), self.jax.block_until_ready
+        return (lambda: self.jax.block_until_ready(exe.execute(args))), None
+
+    def run(self, compiled: Compiled, request: dict[str, Any]) -> dict[str, Any]:
+        """Time a compiled module on random inputs: :func:`measure`'s fields, ``compile_s``, XLA's cost
+        analysis (``xla_flops``, ``xla_bytes``); or ``error`` and ``kind``."""
+        import numpy as np
+
         try:
             rng = np.random.default_rng(request.get("seed", 0))
-            args = [self.jax.device_put(random_array(shape, elem, rng), self.device) for shape, elem in params]
+            args = [self.jax.device_put(random_array(shape, elem, rng), self.device)
+                    for shape, elem in compiled.params]
         except Exception as exc:  # noqa: BLE001
             return {"error": f"cannot make its inputs: {_first_line(exc)}", "kind": "inputs"}
-
-        def call() -> None:
-            self.jax.block_until_ready(exe.execute(args))
-
+        call, finish = self._caller(compiled.exe, args)
         try:
             result = measure(call, request["measure_s"], request["min_repeats"], request["max_repeats"],
-                             request["target_noise"], request["sample_s"], request.get("early_stop", True))
+                             request["target_noise"], request["sample_s"], request.get("early_stop", True),
+                             finish=finish)
         except Exception as exc:  # noqa: BLE001
             return {"error": f"XLA failed running it: {_first_line(exc)}", "kind": "run"}
-        result["compile_s"] = compile_s
-        result.update(_cost(exe))
+        finally:
+            del args
+        result["compile_s"] = compiled.compile_s
+        result.update(_cost(compiled.exe))
         return result
+
+    def profile(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Compile and time one module (``request["text"]``): :meth:`run`'s result, or ``error`` and
+        ``kind``."""
+        try:
+            compiled = self.compile(request["text"])
+        except ProfileError as exc:
+            return exc.result()
+        return self.run(compiled, request)
+
+    def compile_all(self, texts: list[str], threads: int) -> list[Compiled | ProfileError]:
+        """Compile ``texts`` on ``threads`` threads (XLA compiles without holding Python's lock)."""
+        def one(text: str) -> Compiled | ProfileError:
+            try:
+                return self.compile(text)
+            except ProfileError as exc:
+                return exc
+
+        if threads <= 1 or len(texts) <= 1:
+            return [one(t) for t in texts]
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(one, texts))
+
+
+class ProfileError(Exception):
+    """A module that cannot be profiled: ``kind`` (``inputs``, ``compile``) and the reason."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+    def result(self) -> dict[str, Any]:
+        return {"error": self.reason, "kind": self.kind}
+
+
+def _version(package: str) -> str:
+    try:
+        from importlib import metadata
+        return metadata.version(package)
+    except Exception:  # noqa: BLE001 - an unknown version is not a reason to fail
+        return "unknown"
 
 
 def _cost(exe) -> dict[str, float]:
@@ -322,6 +420,17 @@ def pin_cores(env: str = CORES_ENV) -> None:
         os.sched_setaffinity(0, cpus[:max(1, int(wanted))])
 
 
+def _serve_batch(profiler: Profiler, request: dict[str, Any], waited: float) -> None:
+    """Compile every module of a batch request, then time them one by one (see the protocol above)."""
+    rid = request["id"]
+    compiled = profiler.compile_all(request["texts"], int(request.get("threads", 1)))
+    send({"id": rid, "event": "compiled"})
+    for index, item in enumerate(compiled):
+        result = item.result() if isinstance(item, ProfileError) else profiler.run(item, request)
+        compiled[index] = None                       # free the executable once it is timed
+        send({"id": rid, "event": "result", "index": index, "lock_wait_s": waited, **result})
+
+
 def main() -> None:
     from ..ingest.bytecode_check import die_with_parent
 
@@ -342,6 +451,9 @@ def main() -> None:
             continue
         try:
             send({"id": rid, "event": "locked", "lock_wait_s": waited})
+            if "texts" in request:
+                _serve_batch(profiler, request, waited)
+                continue
             result = profiler.profile(request)
         finally:
             lock.release()

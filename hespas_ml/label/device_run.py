@@ -1,0 +1,270 @@
+"""Timing a measurement plan (:mod:`hespas_ml.label.device_plan`) on the device this process runs on.
+
+:func:`run_plan` times the plan's regions with the profiling fidelity (compiled ahead in batches on a GPU)
+and its whole programs with the same machinery (:meth:`ProfilingFidelity.time_module`: compile the whole
+single-device program, warm up, samples until the spread settles, median and spread), writing every
+result as one JSON line the moment it is known:
+
+* ``labels.jsonl`` — one line per region: the dataset label columns (``hash``, ``target``, ``fidelity``,
+  ``seconds``, ``noise``, ``status``, ``reason``, ``meta`` with the label's provenance, ``label_s``,
+  ``finished_at``) and ``phase``, ``family``, ``module_sha256``;
+* ``steps.jsonl`` — one line per whole program: ``id``, ``source``, ``family``, ``phase``, ``status``,
+  ``seconds`` (median of the samples), ``min_s``, ``iqr_s``, ``repeats``, ``compile_s``, ``meta``;
+* ``runs.jsonl`` — one line per call: when, the budget, the device and machine, and what it did;
+* ``log.txt`` — what was printed.
+
+Everything already in the output folder is kept and skipped, so a second call continues where the first
+stopped, on this machine or (with the folder carried over) on another one of the same kind. A call that
+is killed loses at most the chunk of regions it was timing.
+
+The budget is shared out between the phases (``regions``, ``steps``, ``held_out``) by the plan's shares;
+a phase that finishes early hands its time on, and time left at the end goes back to phases with work
+left, in order. A run that finds a device other than the plan's target refuses at once (one line).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from ..host import package_version
+from ..ingest.errors import HespasError
+from .device_plan import PHASES, read_jsonl_gz
+from .fidelity import FidelityError
+from .profiling import GPU_BACKENDS, ProfilingFidelity
+from .targets import load_target
+
+FILES = ("labels.jsonl", "steps.jsonl", "runs.jsonl", "log.txt")
+
+
+class RunError(HespasError):
+    pass
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of ``path`` (a line cut short by a kill is dropped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+class _Appender:
+    """Appends JSON lines to a file, each flushed and synced before the next."""
+
+    def __init__(self, path: Path):
+        self.handle = open(path, "a")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(row, separators=(",", ":"), default=str) + "\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class _Log:
+    def __init__(self, path: Path, echo: TextIO | None):
+        self.handle = open(path, "a")
+        self.echo = echo
+
+    def __call__(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        self.handle.write(line + "\n")
+        self.handle.flush()
+        if self.echo is not None:
+            print(line, file=self.echo, flush=True)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _label_row(item: dict[str, Any], label, target: str, seconds: float) -> dict[str, Any]:
+    ok = label.status == "ok"
+    meta = {**label.meta, "phase": item["phase"]}
+    noise = meta.get("rel_iqr") if ok else None
+    return {"hash": item["hash"], "phase": item["phase"], "family": item["family"],
+            "module_sha256": item["module_sha256"], "target": target, "fidelity": "profiling",
+            "seconds": label.seconds if ok else None,
+            "noise": noise if noise is None or math.isfinite(noise) else None, "status": label.status,
+            "reason": None if ok else str(meta.get("reason"))[:2000], "meta": json.dumps(meta, default=str),
+            "label_s": seconds, "finished_at": time.time()}
+
+
+def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, budget_s: float = 450.0,
+             phases: tuple[str, ...] = PHASES, retry_failed: bool = False, chunk: int | None = None,
+             options: dict[str, Any] | None = None, echo: TextIO | None = sys.stderr,
+             clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Time what is left of the plan in ``plan_dir`` within ``budget_s`` seconds, results in ``out_dir``
+    (see the module docstring). ``options`` override the plan's profiling options; ``chunk``: regions
+    timed between two checks of the clock (default 4 × the compile threads). Returns the run's record."""
+    plan_path = Path(plan_dir)
+    try:
+        plan = json.loads((plan_path / "plan.json").read_text())
+        regions = read_jsonl_gz(plan_path / "regions.jsonl.gz")
+        programs = read_jsonl_gz(plan_path / "steps.jsonl.gz")
+    except (OSError, ValueError, EOFError) as exc:
+        raise RunError(f"{plan_path}: not a readable measurement plan ({exc})") from None
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise RunError(f"unknown phase {unknown[0]} (phases: {', '.join(PHASES)})")
+    if not budget_s > 0:
+        raise RunError(f"the budget must be a positive number of seconds, got {budget_s!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = clock()
+    deadline = start + budget_s
+    log = _Log(out / "log.txt", echo)
+    target = load_target(plan["target"])
+    fid = ProfilingFidelity(**{**plan.get("profiling", {}), "cache": False, **(options or {})})
+    labels_out = _Appender(out / "labels.jsonl")
+    steps_out = _Appender(out / "steps.jsonl")
+    record: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "plan": plan["name"],
+                              "target": target.name, "budget_s": budget_s, "hespas_ml": package_version("hespas-ml"),
+                              "done": {}}
+    try:
+        try:
+            record["device"] = fid.provenance(target)
+        except FidelityError as exc:
+            raise RunError(f"{plan_path}: {exc}") from None
+        gpu = record["device"].get("backend") in GPU_BACKENDS
+        log(f"plan {plan['name']} on {record['device'].get('device')} ({record['device'].get('backend')}, "
+            f"jax {record['device'].get('jax_version')}), budget {budget_s:.0f} s")
+        done_labels = {r["hash"]: r["status"] for r in read_lines(out / "labels.jsonl")}
+        done_steps = {r["id"]: r["status"] for r in read_lines(out / "steps.jsonl")}
+
+        def todo_label(item: dict[str, Any]) -> bool:
+            status = done_labels.get(item["hash"])
+            return status is None or (retry_failed and status != "ok")
+
+        def todo_step(item: dict[str, Any]) -> bool:
+            status = done_steps.get(item["id"])
+            return status is None or (retry_failed and status != "ok")
+
+        size = chunk or max(4, fid.batch_size(target))
+
+        def time_regions(items: list[dict[str, Any]], until: float, phase: str) -> int:
+            n = 0
+            todo = [it for it in items if todo_label(it)]
+            while todo and clock() < until:
+                part, todo = todo[:size], todo[size:]
+                t0 = time.perf_counter()
+                got = fid.label_modules([it["text"] for it in part], target)
+                each = (time.perf_counter() - t0) / max(1, len(part))
+                for item, label in zip(part, got):
+                    labels_out.write(_label_row(item, label, target.name, each))
+                    done_labels[item["hash"]] = label.status
+                n += len(part)
+                left = sum(1 for it in items if todo_label(it))
+                rate = n / max(1e-9, clock() - phase_start[0])
+                log(f"{phase}: {n} regions timed this call, {left} left ({rate:.1f}/s)")
+            return n
+
+        def time_programs(items: list[dict[str, Any]], until: float, phase: str) -> int:
+            n = 0
+            for item in items:
+                if clock() >= until:
+                    break
+                if not todo_step(item):
+                    continue
+                row = {"id": item["id"], "source": item["source"], "family": item["family"],
+                       "phase": item["phase"], "target": target.name}
+                t0 = time.perf_counter()
+                try:
+                    result = fid.time_module(item["text"], target, measure_s=plan.get("step_measure_s", 2.0))
+                except FidelityError as exc:
+                    row.update(status="failed", reason=str(exc)[:2000], seconds=None)
+                else:
+                    row.update(status="ok", reason=None, seconds=result["median_s"], min_s=result["min_s"],
+                               iqr_s=result["iqr_s"], repeats=result["repeats"], compile_s=result["compile_s"],
+                               meta=json.dumps({k: v for k, v in result.items() if k not in ("event", "id")},
+                                               default=str))
+                row.update(wall_s=time.perf_counter() - t0, finished_at=time.time())
+                steps_out.write(row)
+                done_steps[item["id"]] = row["status"]
+                n += 1
+                shown = f"{row['seconds'] * 1e3:.3f} ms" if row["status"] == "ok" else row["reason"]
+                log(f"{phase}: {item['source']}: {shown}")
+            return n
+
+        def work(phase: str, until: float) -> int:
+            if phase == "regions":
+                return time_regions([r for r in regions if r["phase"] == "regions"], until, phase)
+            if phase == "steps":
+                return time_programs([p for p in programs if p["phase"] == "steps"], until, phase)
+            n = time_programs([p for p in programs if p["phase"] == "held_out"], until, phase)
+            return n + time_regions([r for r in regions if r["phase"] == "held_out"], until, phase)
+
+        def left(phase: str) -> int:
+            if phase == "regions":
+                return sum(1 for r in regions if r["phase"] == "regions" and todo_label(r))
+            if phase == "steps":
+                return sum(1 for p in programs if p["phase"] == "steps" and todo_step(p))
+            return (sum(1 for p in programs if p["phase"] == "held_out" and todo_step(p))
+                    + sum(1 for r in regions if r["phase"] == "held_out" and todo_label(r)))
+
+        shares = plan.get("shares") or {p: 1 / len(PHASES) for p in PHASES}
+        phase_start = [clock()]
+        carried = 0.0
+        for phase in phases:
+            phase_start[0] = clock()
+            until = min(deadline, phase_start[0] + shares.get(phase, 0.0) * budget_s + carried)
+            if left(phase):
+                record["done"][phase] = record["done"].get(phase, 0) + work(phase, until)
+            carried = max(0.0, until - clock())
+        for phase in phases:                     # time left over: back to what is not finished, in order
+            if clock() < deadline and left(phase):
+                phase_start[0] = clock()
+                record["done"][phase] = record["done"].get(phase, 0) + work(phase, deadline)
+        record["left"] = {p: left(p) for p in PHASES}
+        record["wall_s"] = clock() - start
+        record["gpu"] = gpu
+        summary = _summary(out, regions, programs)
+        record["summary"] = summary
+        for line in _summary_lines(summary):
+            log(line)
+        return record
+    finally:
+        fid.close()
+        labels_out.close()
+        steps_out.close()
+        record.setdefault("wall_s", clock() - start)
+        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with open(out / "runs.jsonl", "a") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+        log.close()
+
+
+def _summary(out: Path, regions: list[dict[str, Any]], programs: list[dict[str, Any]]) -> dict[str, Any]:
+    labels = {r["hash"]: r for r in read_lines(out / "labels.jsonl")}
+    steps = {r["id"]: r for r in read_lines(out / "steps.jsonl")}
+    summary: dict[str, Any] = {}
+    for phase in PHASES:
+        mine = [r for r in regions if r["phase"] == phase]
+        progs = [p for p in programs if p["phase"] == phase]
+        summary[phase] = {"regions": len(mine), "regions_ok": sum(1 for r in mine if labels.get(r["hash"], {}).get("status") == "ok"),
+                          "regions_failed": sum(1 for r in mine if labels.get(r["hash"], {}).get("status") == "failed"),
+                          "programs": len(progs), "programs_ok": sum(1 for p in progs if steps.get(p["id"], {}).get("status") == "ok"),
+                          "programs_failed": sum(1 for p in progs if steps.get(p["id"], {}).get("status") == "failed")}
+    return summary
+
+
+def _summary_lines(summary: dict[str, Any]) -> list[str]:
+    lines = [f"{'phase':<10} {'regions ok/failed/planned':>26} {'programs ok/failed/planned':>28}"]
+    for phase, s in summary.items():
+        lines.append(f"{phase:<10} {s['regions_ok']:>10} / {s['regions_failed']:>5} / {s['regions']:>5} "
+                     f"{s['programs_ok']:>12} / {s['programs_failed']:>5} / {s['programs']:>5}")
+    return lines
+
+
+__all__ = ["FILES", "RunError", "read_lines", "run_plan"]
