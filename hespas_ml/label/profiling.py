@@ -316,7 +316,8 @@ class ProfilingFidelity:
         here = f"{HOST_CPU}" if info.get("backend") == "cpu" else f"a {kind} ({info.get('backend')})"
         worker.stop()
         raise FidelityError(f"profiling measures only the hardware it runs on: this machine is {here}, "
-                            f"not target {name} (use --target {HOST_CPU}, or another fidelity)")
+                            f"not target {name} (use --target {HOST_CPU}; --fidelity measured for labels measured "
+                            f"on a {name} (datasets/measured); or another fidelity)")
 
     # -- regions -> modules -------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .fidelity import Fidelity, FidelityError
 
-FIDELITIES = ("roofline", "scalesim", "profiling")
+FIDELITIES = ("roofline", "scalesim", "profiling", "measured")
 SURROGATE_PREFIX = "surrogate:"
 
 
@@ -39,6 +39,9 @@ def fidelity_class(name: str) -> type:
     if key == "profiling":
         from .profiling import ProfilingFidelity
         return ProfilingFidelity
+    if key == "measured":
+        from .measured import MeasuredFidelity
+        return MeasuredFidelity
     raise FidelityError(f"unknown fidelity '{name}' (available: {', '.join(FIDELITIES)}, "
                         f"{SURROGATE_PREFIX}<fidelity|NAME@alias|path>)")
 
@@ -56,8 +59,8 @@ def changed_label_versions(names) -> dict[str, int]:
 
 
 def get_fidelity(name: str, **options) -> Fidelity:
-    """A fidelity by name (``roofline``, ``scalesim``, ``profiling`` or ``surrogate:<model>``), built
-    with ``options``."""
+    """A fidelity by name (``roofline``, ``scalesim``, ``profiling``, ``measured`` or ``surrogate:<model>``),
+    built with ``options``."""
     model = _surrogate_model(name)
     if model is not None:
         return fidelity_class(name)(model, **options)

@@ -171,6 +171,22 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
     runs = json.loads((measured / "provenance.json").read_text())["runs"]
     assert len(runs) == 2 and runs[0]["device"]["machine"]["cpu_fingerprint"]
 
+    # the measured fidelity answers a step program from these labels: its compute is their sum
+    from hespas_ml import simulate
+    from hespas_ml.label.fidelity import FidelityError
+    step = table.iloc[0]
+    res = simulate(step["source"], target="host-cpu", fidelity="measured", fidelity_options={"folders": [measured]})
+    assert res.fidelity == "measured"
+    assert res.step_time_s == pytest.approx(step["region_sum_s"], rel=1e-6, abs=2e-6)   # whole µs in traces
+    assert {r.bound for r in res.regions} == {"measured"}
+    # a program with regions nobody measured is refused, saying how many
+    with pytest.raises(FidelityError, match=r"measured: \d+ of \d+ compute regions have no label measured on "
+                                            r"host-cpu"):
+        simulate("zoo:mlp?layers=3&width=96&batch=8&step=train", target="host-cpu", fidelity="measured",
+                 fidelity_options={"folders": [measured]})
+    with pytest.raises(FidelityError, match="no label measured on H100|0 of"):
+        simulate(step["source"], target="H100", fidelity="measured", fidelity_options={"folders": [measured]})
+
 
 def test_results_of_another_plan_are_refused(plan, tmp_path):
     folder, _ = plan
