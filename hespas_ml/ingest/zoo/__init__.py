@@ -21,6 +21,7 @@ from ..errors import IngestError
 from . import llama, mlp, moe, vit
 from . import cnn, micro_conv, micro_matmul, micro_vector
 from . import dlrm, unet
+from . import convnext, efficientnet, mobilenet, swin
 from .base import ParamValue, ZooEntry, ZooParam
 
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
@@ -31,6 +32,10 @@ ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     cnn.ENTRY,
     unet.ENTRY,
     dlrm.ENTRY,
+    mobilenet.ENTRY,
+    efficientnet.ENTRY,
+    convnext.ENTRY,
+    swin.ENTRY,
     *micro_matmul.ENTRIES,
     *micro_conv.ENTRIES,
     *micro_vector.ENTRIES,

@@ -21,11 +21,12 @@ The network is described in :mod:`.cnn_layers` (NHWC, v1.5 bottlenecks, symmetri
     are ``psum``-ed.
   - ``fsdp-partitioned``: the same parameter sharding given to ``jax.jit``, compiler-partitioned.
 
-Weights are never allocated: the step is exported from ``jax.ShapeDtypeStruct`` s.
+Weights are never allocated: the step is exported from ``jax.ShapeDtypeStruct`` s. The step itself
+(:func:`export_cnn_step`) also serves the ``mobilenet``, ``efficientnet``, ``convnext`` and ``swin`` families.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from . import cnn_layers as L
 from .base import ZooEntry, ZooParam
@@ -106,6 +107,26 @@ def _optimizer(kind: str):
 
 def generate(p: dict[str, Any]) -> str | bytes:
     """The ResNet step's StableHLO (text; bytecode for the compiler-partitioned forms)."""
+    plan = L.resnet_plan(p["depth"], p["width"], p["classes"])
+    norm = p["norm"] == "batch"
+
+    def apply(w, s, x, train):
+        return L.apply(plan, norm, w, s, x, train=train)
+
+    return export_cnn_step(p, L.param_shapes(plan, norm), L.state_shapes(plan, norm), apply, plan.classes,
+                           name=f"zoo_resnet{p['depth']}_{p['step']}")
+
+
+def export_cnn_step(p: dict[str, Any], param_shapes: Any, state_shapes: Any,
+                    apply: Callable[..., Any], classes: int, name: str) -> str | bytes:
+    """Export the inference or training step of an image classifier, as the module docs describe.
+
+    ``param_shapes`` and ``state_shapes`` are trees (dicts/lists) whose leaves are shape tuples: the
+    trainable parameters (in ``p["dtype"]``) and the running statistics (f32; an empty list for none).
+    ``apply(w, s, images, train) -> (logits, new_state)``; ``p`` names ``dtype``, ``batch``, ``image``,
+    ``step``, ``optimizer``, ``devices`` and ``parallel``. The images are ``[batch, image, image, 3]``.
+    Text; bytecode for the compiler-partitioned forms.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -115,26 +136,23 @@ def generate(p: dict[str, Any]) -> str | bytes:
     from ..export import export_jax, export_partitioned
 
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
-    plan = L.resnet_plan(p["depth"], p["width"], p["classes"])
-    norm, train, n_dev = p["norm"] == "batch", p["step"] == "train", p["devices"]
-    name = f"zoo_resnet{p['depth']}_{p['step']}"
+    train, n_dev = p["step"] == "train", p["devices"]
     is_shape = lambda t: isinstance(t, tuple)          # noqa: E731  (shape tuples are leaves)
 
-    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), L.param_shapes(plan, norm), is_leaf=is_shape)
-    state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), L.state_shapes(plan, norm),
-                         is_leaf=is_shape)
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes, is_leaf=is_shape)
+    state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), state_shapes, is_leaf=is_shape)
     images = jax.ShapeDtypeStruct((p["batch"], p["image"], p["image"], 3), dtype)
     labels = jax.ShapeDtypeStruct((p["batch"],), jnp.int32)
     opt_init, update = _optimizer(p["optimizer"])
     opt = opt_init(params)
 
     def infer(w, s, x):
-        return L.apply(plan, norm, w, s, x, train=False)[0]
+        return apply(w, s, x, False)[0]
 
     def loss_fn(w, s, x, y):
-        logits, new_state = L.apply(plan, norm, w, s, x, train=True)
+        logits, new_state = apply(w, s, x, True)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-        loss = -jnp.mean(jnp.sum(jax.nn.one_hot(y, plan.classes, dtype=jnp.float32) * logp, axis=-1))
+        loss = -jnp.mean(jnp.sum(jax.nn.one_hot(y, classes, dtype=jnp.float32) * logp, axis=-1))
         return loss, new_state
 
     def make_train(reduce, prepare=lambda w: w):

@@ -156,14 +156,15 @@ def state_shapes(plan: ResNetPlan, norm: bool) -> list[dict[str, tuple[int, ...]
 
 # -- the forward pass -------------------------------------------------------------------------------
 
-def conv2d(x, w, stride: int):
-    """NHWC × HWIO convolution padded by ``(k-1)//2`` on each side."""
+def conv2d(x, w, stride: int, groups: int = 1):
+    """NHWC × HWIO convolution padded by ``(k-1)//2`` on each side; ``groups`` feature groups (the kernel
+    is ``[k, k, cin/groups, cout]``; ``groups = cin = cout`` is a depthwise convolution)."""
     from jax import lax
 
     k = w.shape[0]
     pad = (k - 1) // 2
     return lax.conv_general_dilated(x, w, (stride, stride), ((pad, pad), (pad, pad)),
-                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups)
 
 
 def max_pool(x):
