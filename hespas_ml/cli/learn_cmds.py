@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from ..split.regions import SPLITS
 from ..units import format_seconds
 
 FIDELITIES = ("roofline", "scalesim", "profiling")
@@ -55,7 +56,7 @@ def register(sub) -> None:
     p.add_argument("--target", default="H100", help="hardware target preset or YAML file (default: H100)")
     p.add_argument("--model", help="NAME@alias, models:/NAME/VERSION, or a saved surrogate folder")
     p.add_argument("--tracking-uri", help="MLflow store of --model (default: ./mlruns or $HESPAS_ML_TRACKING_URI)")
-    p.add_argument("--split", default="fusion", choices=["fusion", "linear", "individual"],
+    p.add_argument("--split", default="fusion", choices=SPLITS,
                    help="how the program is cut into compute regions (default: fusion)")
     p.add_argument("--devices", type=int, help="devices of a zoo program (default: the spec's)")
     p.add_argument("--top", type=int, default=15, help="how many of the most expensive regions to list")

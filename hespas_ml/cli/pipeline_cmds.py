@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..split.regions import SPLITS
 from ..units import format_seconds
 
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
                                     "switch:8x400,ring:4x50 (npus x GB/s per dimension); "
                                     "may be left out for a one-device program")
     p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
-    p.add_argument("--split", default="fusion", choices=["fusion", "linear", "individual"],
+    p.add_argument("--split", default="fusion", choices=SPLITS,
                    help="how the program is cut into compute regions (default: fusion)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"],
                    help="network replay: the real ASTRA-sim binary if found (auto), or our embedded one")

@@ -74,6 +74,7 @@ class Op:
     loop: int | None = None          # innermost Loop id, if inside a while body
     fusion: int | None = None        # id of the enclosing XLA fusion (mhlo.fusion), if any
     func: str = "main"               # call path where the op was defined, e.g. "main/layer_0"
+    main_op: int = field(default=-1, compare=False)   # position in main's body of the top-level op it comes from
     kind: str = field(init=False, compare=False)   # opcode without its dialect: dot_general, copy, all_reduce …
 
     def __post_init__(self) -> None:

@@ -153,6 +153,7 @@ class _Ingester:
         self.visited = 0
         self.call_stack: list[str] = []
         self.where_op = None                      # op being ingested, for internal-error messages
+        self.main_op = -1                         # position in main's body of the top-level op being walked
         self._warned: set[str] = set()
         self._type_cache: dict = {}                # MLIR type -> its flattened TensorTypes
 
@@ -307,9 +308,11 @@ class _Ingester:
         if depth > MAX_REGION_DEPTH:
             raise IngestError(self.source, f"regions and calls nested more than {MAX_REGION_DEPTH} deep at {path}")
         result: list[int] = []
-        for op in block.operations:
+        for pos, op in enumerate(block.operations):
             op = op.operation
             name = op.name
+            if depth == 0:
+                self.main_op = pos
             self.visited += 1
             if self.visited > MAX_VISITED_OPS:
                 raise IngestError(self.source, f"more than {MAX_VISITED_OPS} ops walked while inlining calls "
@@ -454,7 +457,8 @@ class _Ingester:
         if name == "stablehlo.custom_call":
             target = attrs.get("call_target_name", "?")
             self.warn(f"custom_call @{target} is not modelled (counted, costed as its memory traffic only)")
-        self.ops.append(Op(oid, name, operands, operand_types, result_types, attrs, count, loop, fusion, path))
+        self.ops.append(Op(oid, name, operands, operand_types, result_types, attrs, count, loop, fusion, path,
+                           main_op=self.main_op))
         self.hook_bind_op(oid, op, operands, env)
         self.trips.fold(oid, name, operands, attrs, result_types)
 

@@ -37,9 +37,9 @@ from typing import Any
 import yaml
 
 from ..ingest.errors import HespasError
+from ..split.regions import SPLITS
 from .fidelity import options_off_default
 
-SPLITS = ("fusion", "linear", "individual")
 KNOWN_FIDELITIES = ("roofline", "scalesim", "profiling")
 COMMON_FIDELITY_KEYS = ("targets", "max_regions", "chunk", "families")
 SCALESIM_KEYS = ("budget_s", "memory_gb", "mode", "analytical_tail", "workers")

@@ -1,6 +1,6 @@
 """Split an op graph into compute regions and collectives, with their dependency DAG in program order.
 
-Three splits:
+Four splits:
 
 * ``fusion`` (default) — ops grouped the way XLA fuses them (see :mod:`hespas_ml.split.fusion`); each
   region is one kernel, and its bytes are counted only at the kernel's boundary. Inside a kernel an op
@@ -9,6 +9,9 @@ Three splits:
 * ``linear`` — maximal runs of compute between collectives (what Hespas calls a linear split); each op
   is costed as its own kernel, so every intermediate tensor is written and read again.
 * ``individual`` — every op is its own region.
+* ``hespas`` — the blocks the Hespas simulator profiles (:mod:`hespas_ml.split.hespas_blocks`): top-level
+  collectives alone, the other top-level ops of ``@main`` in runs of at most 1024; each block's kernels are
+  the fusion groups cut at its edge, and each block follows the previous one.
 
 Regions never mix ops from different loop bodies, so each region has one ``count`` (executions per run
 of the program). Costs in :class:`Kernel` are per single execution.
@@ -17,21 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ingest.errors import HespasError
 from ..ingest.graph import Op, OpGraph, program_users
 from ..label.costs import (DECOMPOSED_OPS, ELEMENTWISE_OPS, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS,
                             program_costs)
+from .errors import SplitError
 from .fusion import FREE_KINDS, fuse
+from .hespas_blocks import hespas_blocks
 
-SPLITS = ("fusion", "linear", "individual")
+SPLITS = ("fusion", "linear", "individual", "hespas")
 
 # ASTRA-sim's collective types that our collectives map to.
 COLLECTIVE_TO_COMM = {"all_reduce": "ALL_REDUCE", "all_gather": "ALL_GATHER", "reduce_scatter": "REDUCE_SCATTER",
                       "all_to_all": "ALL_TO_ALL", "collective_broadcast": "ALL_GATHER"}
-
-
-class SplitError(HespasError):
-    pass
 
 
 @dataclass(slots=True)
@@ -128,6 +128,8 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
     ops = graph.ops
     costs = program_costs(graph)
     users = program_users(graph)
+    if split == "hespas":
+        return _hespas_regions(graph, costs, users)
     if split == "fusion":
         groups = fuse(graph, users)                       # list of op-id lists, each one kernel
     else:
@@ -183,6 +185,44 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
     for r in regions:
         r.graph = graph
     return RegionGraph(graph, regions, split)
+
+
+def _hespas_regions(graph: OpGraph, costs, users: list[list[int]]) -> RegionGraph:
+    """The ``hespas`` split: one region per Hespas block (see the module docstring)."""
+    ops = graph.ops
+    fused = fuse(graph, users)
+    group_of = {i: gi for gi, g in enumerate(fused) for i in g}
+    regions: list[Region] = []
+    region_of_op = [0] * len(ops)
+    for block in hespas_blocks(graph):
+        if not block.op_ids:
+            continue
+        if block.kind == "collective":
+            op = ops[block.op_ids[0]]
+            region = Region(len(regions), "collective", list(block.op_ids), count=op.count, loop=op.loop,
+                            collective=_collective(graph, op))
+        else:
+            inner = next((i for i in block.op_ids if ops[i].is_collective), None)
+            if inner is not None:
+                raise SplitError(f"{graph.source or graph.name}: op {inner} ({ops[inner].opcode}) is a collective "
+                                 "inside a call, loop or fusion, which the hespas split times as compute")
+            parts: dict[int, list[int]] = {}
+            for i in block.op_ids:
+                parts.setdefault(group_of[i], []).append(i)
+            kernels = [_kernel_of(graph, sorted(g), costs, users) for g in sorted(parts.values(), key=max)]
+            region = Region(len(regions), "compute", sorted(block.op_ids), count=1, loop=None, kernels=kernels)
+        for i in region.op_ids:
+            region_of_op[i] = region.id
+        regions.append(region)
+    sources = _dependency_sources(graph)
+    for r in regions:
+        deps = {region_of_op[q] for i in r.op_ids for p in ops[i].operands for q in sources(p)}
+        if r.id > 0:
+            deps.add(r.id - 1)                   # blocks run one after another, as Hespas chains them
+        deps.discard(r.id)
+        r.deps = sorted(deps)
+        r.graph = graph
+    return RegionGraph(graph, regions, "hespas")
 
 
 def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], per_op: bool) -> list[Kernel]:

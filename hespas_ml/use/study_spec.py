@@ -37,8 +37,8 @@ import yaml
 
 from ..ingest.errors import HespasError
 from ..label.dataset_spec import SCALESIM_KEYS   # the SCALE-Sim options a dataset spec takes
+from ..split.regions import SPLITS
 
-SPLITS = ("fusion", "linear", "individual")
 SINGLE = "single"                      # the system of a one-device workload
 MEASURED = "measured"                  # the source name of measured step times
 TOP_KEYS = ("name", "description", "split", "workloads", "targets", "fidelities", "measured", "reference",
