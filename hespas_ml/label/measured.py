@@ -10,6 +10,8 @@ its runs (:mod:`hespas_ml.label.device_run`) into a folder that is a dataset fol
   the roofline's sum on the target;
 * ``provenance.json`` — every run: when, the budget, the device (name, driver, CUDA, clocks, jax and
   jaxlib versions) and the machine;
+* ``raw/`` — the runs' results as the device wrote them (merged): copied into a device run's output
+  folder, they let a later session continue the plan where these runs stopped;
 * ``README.md`` — the same for people, with the commands that made it.
 
 Labels whose module does not match the plan's (another plan's results) are refused, naming the file.
@@ -115,7 +117,10 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
                                "time with that module (results of another plan?)")
     runs = [r for folder in folders for r in read_lines(folder / "runs.jsonl")]
     rows = step_rows(programs, steps, labels)
-    extra = {"steps.csv": _csv_text(rows, STEP_COLUMNS),
+    raw = {f"raw/{name}": "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in merged)
+           for name, merged in (("labels.jsonl", labels.values()), ("steps.jsonl", steps.values()),
+                                ("runs.jsonl", runs))}
+    extra = {**raw, "steps.csv": _csv_text(rows, STEP_COLUMNS),
              "provenance.json": json.dumps({"plan": plan, "runs": runs}, indent=1, default=str),
              "README.md": readme(plan, runs, labels, rows, command)}
     summary = {"plan": plan["name"], "target": plan["target"], "runs": len(runs), "labels": len(labels),
@@ -159,6 +164,7 @@ def write_measured(out_dir: str | os.PathLike[str], tables_dir: str | os.PathLik
     manifest["measured"] = summary
     write_manifest(tmp, manifest)
     for name, text in files.items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(text)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)

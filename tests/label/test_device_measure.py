@@ -166,6 +166,7 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
     assert list(table["phase"]) == ["steps", "steps", "held_out", "held_out"]
     assert table["step_s"].gt(0).all() and table["regions_covered"].eq(1.0).all()
     assert table["region_sum_s"].gt(table["region_sum_less_overhead_s"]).all()
+    assert len(read_lines(measured / "raw" / "labels.jsonl")) == planned      # what a later session continues
     readme = (measured / "README.md").read_text()
     assert "cpu: " in readme and "eval/device/collect.py" in readme
     runs = json.loads((measured / "provenance.json").read_text())["runs"]
