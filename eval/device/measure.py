@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0, help="seconds of measuring for this call (default 450)")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"phases in order (default {','.join(PHASES)})")
     ap.add_argument("--retry-failed", action="store_true", help="time again what failed before")
+    ap.add_argument("--target", help="time on this target instead of the plan's (a rehearsal, e.g. host-cpu)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="override a profiling option of the plan, e.g. measure_s=0.2")
     args = ap.parse_args(argv)
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             options[key] = json.loads(value)
         record = run_plan(args.plan, args.out, budget_s=args.budget_s,
                           phases=tuple(p for p in args.phases.split(",") if p), retry_failed=args.retry_failed,
-                          options=options)
+                          options=options, target=args.target)
     except (HespasError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -238,11 +238,29 @@ def _filtered_tables(work: Path, out: Path, hashes: set[str], target: str, sourc
             "targets.parquet": lambda t: pc.equal(t["target"], target)}
     for name, mask in keep.items():
         table = pq.read_table(work / name)
-        pq.write_table(table.filter(mask(table)), out / name, compression="zstd")
+        table = table.filter(mask(table))
+        if name == "programs.parquet":
+            table = table.set_column(table.schema.get_field_index("source"), "source",
+                                     _array_of([_relative(s) for s in table["source"].to_pylist()]))
+        if name == "regions.parquet":
+            table = table.set_column(table.schema.get_field_index("programs"), "programs", _array_of(
+                [json.dumps([_relative(s) for s in json.loads(v)]) for v in table["programs"].to_pylist()]))
+        pq.write_table(table, out / name, compression="zstd")
     manifest = json.loads((work / "manifest.json").read_text())
     manifest["plan"] = {"regions": len(hashes), "programs": len(sources)}
     manifest["spec_path"] = shown_path(manifest.get("spec_path", ""))
     write_manifest(out, manifest)
+
+
+def _relative(source: str) -> str:
+    """A program's source as the plan keeps it: a file path relative to the working folder (no machine's
+    absolute paths in a committed plan), a zoo spec as it is."""
+    return os.path.relpath(source) if source.startswith(os.sep) else source
+
+
+def _array_of(values: list[str]):
+    import pyarrow as pa
+    return pa.array(values, type=pa.string())
 
 
 def _array(values: set[str]):

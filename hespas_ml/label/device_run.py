@@ -103,11 +103,15 @@ def _label_row(item: dict[str, Any], label, target: str, seconds: float) -> dict
 
 def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, budget_s: float = 450.0,
              phases: tuple[str, ...] = PHASES, retry_failed: bool = False, chunk: int | None = None,
+             target: str | None = None,
              options: dict[str, Any] | None = None, echo: TextIO | None = sys.stderr,
              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Time what is left of the plan in ``plan_dir`` within ``budget_s`` seconds, results in ``out_dir``
     (see the module docstring). ``options`` override the plan's profiling options; ``chunk``: regions
-    timed between two checks of the clock (default 4 × the compile threads). Returns the run's record."""
+    timed between two checks of the clock (default 4 × the compile threads); ``target``: time on this
+    target instead of the plan's (a rehearsal on another machine, e.g. ``host-cpu``: the results say what
+    they were measured on, and collecting them for the plan's target refuses them). Returns the run's
+    record."""
     plan_path = Path(plan_dir)
     try:
         plan = json.loads((plan_path / "plan.json").read_text())
@@ -125,7 +129,7 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     start = clock()
     deadline = start + budget_s
     log = _Log(out / "log.txt", echo)
-    target = load_target(plan["target"])
+    target = load_target(target or plan["target"])
     fid = ProfilingFidelity(**{**plan.get("profiling", {}), "cache": False, **(options or {})})
     labels_out = _Appender(out / "labels.jsonl")
     steps_out = _Appender(out / "steps.jsonl")

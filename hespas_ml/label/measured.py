@@ -110,6 +110,10 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
             raise MeasuredError(f"{folder}: no labels.jsonl or steps.jsonl (not a results folder of a device run)")
     labels = _merge(folders, "labels.jsonl", "hash")
     steps = _merge(folders, "steps.jsonl", "id")
+    for row in [*labels.values(), *steps.values()]:
+        if row.get("target") != plan["target"]:
+            raise MeasuredError(f"{plan_path}: the results were measured on {row.get('target')}, the plan is for "
+                                f"{plan['target']} (a rehearsal is not a measurement of the target)")
     for digest, row in labels.items():
         mine = planned.get(digest)
         if mine is None or mine["module_sha256"] != row.get("module_sha256"):

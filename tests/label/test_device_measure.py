@@ -194,7 +194,7 @@ def test_results_of_another_plan_are_refused(plan, tmp_path):
     out = tmp_path / "results"
     out.mkdir()
     (out / "labels.jsonl").write_text(json.dumps({"hash": "f" * 64, "module_sha256": "0" * 64, "status": "ok",
-                                                  "seconds": 1.0, "meta": "{}"}) + "\n")
+                                                  "target": "host-cpu", "seconds": 1.0, "meta": "{}"}) + "\n")
     with pytest.raises(MeasuredError, match="another plan"):
         import_run(folder / "plan", [out], tmp_path / "measured")
     with pytest.raises(MeasuredError, match="not a results folder"):
@@ -210,6 +210,14 @@ def test_a_device_that_is_not_the_plans_target_is_refused_in_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "not target H100" in lines[0] and str(tmp_path / "plan") in lines[0]
     assert read_lines(tmp_path / "results" / "labels.jsonl") == []
+    # a rehearsal on this machine says what it measured, and is never collected as the plan's target
+    rehearsal = script("measure.py", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "results"),
+                       "--target", "host-cpu", "--phases", "regions")
+    assert rehearsal.returncode == 0, rehearsal.stderr
+    rows = read_lines(tmp_path / "results" / "labels.jsonl")
+    assert rows and {r["target"] for r in rows} == {"host-cpu"}
+    with pytest.raises(MeasuredError, match="measured on host-cpu, the plan is for H100"):
+        import_run(tmp_path / "plan", [tmp_path / "results"], tmp_path / "measured")
 
 
 @pytest.mark.parametrize("change, message", [
