@@ -32,9 +32,7 @@ commit, line number), the block, Hespas's K, the line's kind and the cache-hit l
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
-import io
 import json
 import math
 import re
@@ -360,21 +358,13 @@ def block_sums(rows: list[dict[str, Any]], blocks: list, hashes: list[str]) -> d
     return {run: math.fsum(values[h] for h in hashes) * 1e6 for run, values in per_run.items()}
 
 
-def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
 def import_logs(program: str, out_dir: str, raw_dir: str | None = None, *, command: str = "",
                 verbose: bool = True) -> dict[str, Any]:
     """Build ``out_dir`` from the raw logs in ``raw_dir`` (default ``out_dir/raw``; they are written back
     byte for byte) and the program ``program``. Returns the summary (counts and checks)."""
     from hespas_ml.ingest import load_program
     from hespas_ml.ingest.graph import program_users
-    from hespas_ml.label.measured import write_measured
+    from hespas_ml.label.measured import csv_text, write_measured
     from hespas_ml.label.targets import list_targets, load_target
     from hespas_ml.split.hespas_blocks import hespas_blocks
     from hespas_ml.split.signature import signature_parts
@@ -458,7 +448,7 @@ def import_logs(program: str, out_dir: str, raw_dir: str | None = None, *, comma
                       "program": program, "runs": runs_out}
         files = {"README.md": readme(summary, runs_out, blocks, hashes, command),
                  "provenance.json": json.dumps(provenance, indent=1) + "\n",
-                 "blocks.csv": _csv(block_rows, list(block_rows[0]))}
+                 "blocks.csv": csv_text(block_rows, list(block_rows[0]))}
         try:
             write_measured(out, tmp, rows, summary, files)
         finally:

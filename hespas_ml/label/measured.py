@@ -124,7 +124,7 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
     raw = {f"raw/{name}": "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in merged)
            for name, merged in (("labels.jsonl", labels.values()), ("steps.jsonl", steps.values()),
                                 ("runs.jsonl", runs))}
-    extra = {**raw, "steps.csv": _csv_text(rows, STEP_COLUMNS),
+    extra = {**raw, "steps.csv": csv_text(rows, STEP_COLUMNS),
              "provenance.json": json.dumps({"plan": plan, "runs": runs}, indent=1, default=str),
              "README.md": readme(plan, runs, labels, rows, command)}
     summary = {"plan": plan["name"], "target": plan["target"], "runs": len(runs), "labels": len(labels),
@@ -133,7 +133,8 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
     return summary
 
 
-def _csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+def csv_text(rows: list[dict[str, Any]], columns) -> str:
+    """``rows`` as CSV text with ``columns`` as the header (a file of a measured folder)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
@@ -300,5 +301,5 @@ def readme(plan: dict[str, Any], runs: list[dict[str, Any]], labels: dict[str, d
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MEASURED_ENV", "MeasuredError", "MeasuredFidelity", "STEP_COLUMNS", "import_run", "measured_folders",
-           "step_rows", "write_measured"]
+__all__ = ["MEASURED_ENV", "MeasuredError", "MeasuredFidelity", "STEP_COLUMNS", "csv_text", "import_run",
+           "measured_folders", "step_rows", "write_measured"]

@@ -567,7 +567,7 @@ def import_neusight(files: dict[str, str], out_dir: str | os.PathLike[str], work
     from .dataset_cache import BuildCache
     from .dataset_spec import CAP_DEFAULTS, DatasetSpec, FidelitySpec, ProgramSpec, TargetRef
     from .dataset_tables import load_dataset
-    from .measured import STEP_COLUMNS, write_measured
+    from .measured import STEP_COLUMNS, csv_text, write_measured
     from .targets import load_target
 
     measurements = read_files(files)
@@ -671,17 +671,9 @@ def import_neusight(files: dict[str, str], out_dir: str | os.PathLike[str], work
                   "skipped": skipped, "command": command}
     extra = {"README.md": readme(summary, provenance, counts, command),
              "provenance.json": json.dumps(provenance, indent=1),
-             "steps.csv": _csv(step_rows, STEP_COLUMNS + STEP_EXTRA)}
+             "steps.csv": csv_text(step_rows, STEP_COLUMNS + STEP_EXTRA)}
     write_measured(out_dir, build, label_rows, summary, extra)
     return summary
-
-
-def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def _counts(label_rows: list[dict[str, Any]], step_rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:

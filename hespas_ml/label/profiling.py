@@ -518,18 +518,22 @@ class _Worker:
             self._start()
         return dict(self.ready or {})
 
+    def _send(self, request: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Start the worker if needed and write ``request`` to it: (its ready message, the request id).
+        FidelityError when it does not start, OSError when it died before taking the request."""
+        ready = self.info()
+        self.next_id += 1
+        self.proc.stdin.write((json.dumps({"id": self.next_id, **request}) + "\n").encode())
+        self.proc.stdin.flush()
+        return ready, self.next_id
+
     def profile(self, request: dict[str, Any], budget_s: float, lock_timeout_s: float) -> dict[str, Any]:
         """Send one module; its result, or a failure dict (``error``, ``kind``) when it was killed
         ``budget_s`` after it got the timing lock, or when the worker crashed."""
         try:
-            ready = self.info()
+            ready, rid = self._send(request)
         except FidelityError as exc:
             return {"error": str(exc), "kind": "worker"}
-        self.next_id += 1
-        rid = self.next_id
-        try:
-            self.proc.stdin.write((json.dumps({"id": rid, **request}) + "\n").encode())
-            self.proc.stdin.flush()
         except OSError:
             return self._died("the worker died before taking the region")
         deadline = time.monotonic() + lock_timeout_s + 30.0     # the worker gives up on the lock first
@@ -557,14 +561,9 @@ class _Worker:
         n = len(request["texts"])
         results: list[dict[str, Any] | None] = [None] * n
         try:
-            ready = self.info()
+            ready, rid = self._send(request)
         except FidelityError as exc:
             return [{"error": str(exc), "kind": "worker"}] * n
-        self.next_id += 1
-        rid = self.next_id
-        try:
-            self.proc.stdin.write((json.dumps({"id": rid, **request}) + "\n").encode())
-            self.proc.stdin.flush()
         except OSError:
             self.stop()
             return results
