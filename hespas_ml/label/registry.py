@@ -40,7 +40,7 @@ def fidelity_class(name: str) -> type:
         from .profiling import ProfilingFidelity
         return ProfilingFidelity
     if key == "measured":
-        from .measured import MeasuredFidelity
+        from .measured_fidelity import MeasuredFidelity
         return MeasuredFidelity
     raise FidelityError(f"unknown fidelity '{name}' (available: {', '.join(FIDELITIES)}, "
                         f"{SURROGATE_PREFIX}<fidelity|NAME@alias|path>)")
