@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test quick demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ setup: $(VENV)/.installed
 
 test: setup
 	$(PY) -m pytest -q
+
+quick: setup
+	$(PY) -m pytest -q -m "not slow"
 
 demo: setup
 	$(VENV)/bin/hespas-ml simulate 'zoo:mlp?layers=4&width=2048&batch=512&step=train' --target H100 --system ring:4x150 --out out/demo

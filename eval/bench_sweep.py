@@ -95,13 +95,13 @@ class MemorySampler:
 def replay_figures(n_systems: int) -> None:
     """Embedded vs fast replay of one program of the large spec on a sample of its systems."""
     from hespas_ml.ingest import load_program
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
     from hespas_ml.label.targets import load_target
     from hespas_ml.replay.embedded import replay_embedded
     from hespas_ml.replay.system import load_system
     from hespas_ml.replay.traces import build_traces
     from hespas_ml.split.regions import split_program
-    from hespas_ml.use.fast_replay import SystemContext, compile_plan, evaluate
+    from hespas_ml.replay.fast import SystemContext, compile_plan, evaluate
     from hespas_ml.use.sweep_spec import load_sweep_spec
 
     spec = load_sweep_spec(LARGE)

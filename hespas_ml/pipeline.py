@@ -96,7 +96,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     from .ingest import load_program
     from .ingest.graph import OpGraph
     from .label.fidelity import label_caveats
-    from .label.registry import get_fidelity
+    from .fidelities import get_fidelity
     from .label.targets import load_target
     from .replay import replay as run_replay
     from .replay.system import load_system
@@ -192,7 +192,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
         timings["replay_interval"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
-    from .label.costs import graph_cost
+    from .costs import graph_cost
     totals = graph_cost(graph)
     n_comp, n_comm = traces.node_counts(0)
     result = SimulationResult(

@@ -100,7 +100,7 @@ def cmd_simulate(args) -> int:
 
 def cmd_analyze(args) -> int:
     from ..ingest import load_program
-    from ..label.costs import graph_cost
+    from ..costs import graph_cost
     from ..split.regions import split_program
 
     graph = load_program(args.program)

@@ -29,7 +29,7 @@ from ..ingest.errors import HespasError
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
 from .fidelity import FidelityError, Label, option_defaults
-from .registry import fidelity_class, get_fidelity
+from .registry import get_labeller, labeller_class
 from .region_records import region_from_record
 
 DETERMINISTIC = frozenset({"roofline", "scalesim"})
@@ -63,7 +63,7 @@ def make_fidelity(fs: FidelitySpec, workers: int):
         budget = Budget(seconds=o.get("budget_s", 30.0), memory_bytes=int(o.get("memory_gb", 2.0) * 2**30))
         return ScaleSimFidelity(budget=budget, mode=o.get("mode", "auto"),
                                 analytical_tail=o.get("analytical_tail", True), workers=o.get("workers", workers))
-    return get_fidelity(fs.name, **fs.options)
+    return get_labeller(fs.name, **fs.options)
 
 
 def target_fingerprint(target, fidelity: str) -> str:
@@ -217,7 +217,7 @@ def _what_changed(fs: FidelitySpec, recorded: dict[str, Any] | None) -> str:
     asks otherwise, in words."""
     if recorded is None:
         return "other options or another definition of the target"
-    cls = fidelity_class(fs.name)
+    cls = labeller_class(fs.name)
     old, version = recorded.get("labels", 1), fs.label_version()
     if old != version:
         return (f"an older {fs.name} labeller (labels version {old}; since version {version} "

@@ -39,6 +39,7 @@ import yaml
 from ..ingest.errors import HespasError
 from ..split.regions import SPLITS
 from .fidelity import options_off_default
+from .registry import label_version, labeller_class
 
 KNOWN_FIDELITIES = ("roofline", "scalesim", "profiling")
 COMMON_FIDELITY_KEYS = ("targets", "max_regions", "chunk", "families")
@@ -104,7 +105,6 @@ class FidelitySpec:
 
     def label_version(self) -> int:
         """What this fidelity's labels measure (:func:`~hespas_ml.label.registry.label_version`)."""
-        from .registry import label_version
         return label_version(self.name)
 
     def fingerprint(self) -> str:
@@ -359,8 +359,7 @@ def _systolic_check(refs: list[TargetRef], origin: str, key: str) -> None:
 # ------------------------------------------------------------------------------------------ fidelities
 
 def _fidelity_class(name: str):
-    from .registry import fidelity_class
-    return fidelity_class(name)
+    return labeller_class(name)
 
 
 def _fidelity(name: str, data: Any, default_targets: list[TargetRef] | None, base: Path,

@@ -2,7 +2,7 @@
 
 A fidelity is any object with a ``name`` and ``label_regions(regions, target) -> list[Label]``
 (``label(region, target)`` for one). Fidelities are looked up by name with
-:func:`hespas_ml.label.registry.get_fidelity`.
+:func:`hespas_ml.fidelities.get_fidelity`.
 """
 from __future__ import annotations
 

@@ -27,34 +27,28 @@ and every timing holds a file lock (``timing.lock`` under the cache folder) so t
 machine never time at once.
 
 **Cores.** ``cores=N`` pins the CPU worker to N cores before jax starts (XLA:CPU then runs N threads);
-``cores=None`` leaves it every core. The default is one pinned core with 10 ms samples: on this project's
-2-vCPU machine XLA's two-thread hand-offs made samples spread by ~18 % (median IQR / median) where one
-pinned core with 10 ms samples spread by ~3 %, and labels a model learns from must repeat. The core count
+``cores=None`` leaves it every core. The default is one pinned core with 10 ms samples: on a machine of
+few cores XLA's hand-offs between threads spread the samples several times wider than one pinned core
+does, and labels a model learns from must repeat (``datasets/README.md`` has the figures). The core count
 is part of the label's ``device`` (and so of the cache key). Whole-program measurements for studies
 (:mod:`hespas_ml.use.study_measure`) keep every core: they are the machine as it runs.
 
 **Memory.** The worker keeps the memory its executions free (``WORKER_MALLOC_ENV``: glibc's allocator
-with one arena and no mmap or trim). By default glibc returns a freed buffer over its mmap threshold (up to
-32 MiB, following what was freed before) to the kernel, so every execution of a region with such a buffer
-page-faulted it in anew: a cliff at 32 MiB that none of the op features explains (an f32 elementwise kernel
-took 0.4 ns per element up to 24 MiB and 2.5-3 ns from 33 MiB on; at 8 MiB 0.6-1.6 ms, depending on what the
-worker had timed before), and a cost a region does not pay inside its whole program (a two-kernel program
-with a 64 MiB intermediate ran in 7.5 ms where its first kernel alone timed 50 ms). Labels of version 1
-(``LABEL_VERSION``, before 2026-11-25) include it; results and dataset folders of the two versions never mix.
-Measured on 600 regions with a buffer of 16 MiB or more, version 2 took 0.97x their version 1 time at the
-median, 0.73x for the 118 with 64 MiB or more (p10 0.22x).
+with one arena and no mmap or trim). Otherwise glibc returns a freed buffer over its mmap threshold (up to
+32 MiB, following what was freed before) to the kernel, and every execution of a region with such a buffer
+page-faults it in anew: a cliff at the threshold that none of the op features explains, and a cost a region
+does not pay inside its whole program. Labels of version 1 (``LABEL_VERSION``) include that cost; results and
+dataset folders of the two versions never mix. ``eval/eval_profiling_buffers.py`` measures the cliff; the
+profiling model card what version 2 changed.
 
 **Steadiness.** Labels repeat only as well as the machine's timings do: a shared VM whose speed wanders with
 its neighbours gives labels no surrogate can learn to better than that wandering.
 :mod:`hespas_ml.label.steadiness` times reference kernels through :meth:`ProfilingFidelity.time_module`
 (exactly as regions are timed) to say so in seconds; a long profiling stage of a dataset build runs it first.
 On such a machine ``statistic="min"`` (the fastest sample, the whole ``measure_s`` sampled, no early stop)
-repeats far better than the median: on a 2-vCPU VM that read 20-33 % p90 in the check, 68 regions timed
-twice with ``measure_s=2`` differed by 2.2-2.3 % (median) and 6.6-7.4 % (p90) with the minimum against
-3.4-5.4 % and 13-34 % with the median of the same samples (3.2-3.5 % / 22-29 % against 4.8-5.3 % / 28-36 %
-at the default ``measure_s=1``). The minimum is the region's time in the machine's fastest
-state, a few percent below the median; labels of one dataset folder all use one statistic (it is an option,
-so part of the folder's fingerprint).
+repeats far better than the median (``datasets/README.md``, "Before a long profiling build"). The minimum is
+the region's time in the machine's fastest state, a few percent below the median; labels of one dataset
+folder all use one statistic (it is an option, so part of the folder's fingerprint).
 
 **Targets.** Profiling measures the hardware it runs on: ``host-cpu`` is timed on jax's CPU backend; a
 GPU preset (``H100`` …) only when jax's default backend is a GPU of that kind. Any other target raises
@@ -138,7 +132,7 @@ class ProfilingFidelity:
     # options that change how labels are taken, not what they are: a dataset folder resumes across them
     RUN_OPTIONS = ("budget_s", "lock_timeout_s", "cache", "cache_max_noise", "compile_threads")
     # what a label measures, in the result cache's key and a dataset folder's fingerprint (labels of two
-    # versions never mix): 1 until 2026-11-25; 2 keeps freed memory in the worker (WORKER_MALLOC_ENV)
+    # versions never mix): 2 keeps freed memory in the worker (WORKER_MALLOC_ENV), 1 did not
     LABEL_VERSION = 2
     LABEL_CHANGE = "regions are timed without page faults on buffers over 32 MiB"
 

@@ -29,7 +29,7 @@ from typing import Any
 from ..ingest.graph import Op, OpGraph, TensorType, program_users
 from ..split.regions import Kernel, Region
 from ..split.signature import canonical_order, escaping_ops, signature_parts
-from .costs import program_costs
+from ..costs import program_costs
 
 # 2: kernel costs count only the demanded part of each op's result (hespas_ml.split.regions._demand)
 RECORD_VERSION = 2

@@ -1,34 +1,15 @@
-"""Fidelities by name: the one place that knows every way of timing a region."""
+"""The labellers by name: the ways of timing a region that label datasets (learned surrogates, which learn
+from those labels, are named in :mod:`hespas_ml.fidelities`)."""
 from __future__ import annotations
 
 from .fidelity import Fidelity, FidelityError
 
-FIDELITIES = ("roofline", "scalesim", "profiling", "measured")
+LABELLERS = ("roofline", "scalesim", "profiling", "measured")
 SURROGATE_PREFIX = "surrogate:"
 
 
-def _surrogate_model(name: str) -> str | None:
-    """The model reference of a ``surrogate:<model>`` name (None for other names); the reference keeps
-    its case (it may be a path or a registered model name)."""
-    text = name.strip()
-    if text[:len(SURROGATE_PREFIX)].lower() != SURROGATE_PREFIX:
-        return None
-    return text[len(SURROGATE_PREFIX):].strip()
-
-
-def fidelity_class(name: str) -> type:
-    """The class of the fidelity called ``name`` (imported on demand: SCALE-Sim and XLA load slowly).
-    ``surrogate:<model>`` (a learned surrogate: see :mod:`hespas_ml.learn.fidelity`) is checked to name a
-    model that can exist (a shipped fidelity model, a folder or a registry reference)."""
-    model = _surrogate_model(name)
-    if model is not None:
-        from ..learn.config import LearnError
-        from ..learn.fidelity import SurrogateFidelity, check_reference
-        try:
-            check_reference(model)
-        except LearnError as exc:
-            raise FidelityError(f"fidelity '{name.strip()}': {exc}") from None
-        return SurrogateFidelity
+def labeller_class(name: str) -> type:
+    """The class of the labeller called ``name`` (imported on demand: SCALE-Sim and XLA load slowly)."""
     key = name.strip().lower()
     if key == "roofline":
         from .roofline import RooflineFidelity
@@ -42,26 +23,21 @@ def fidelity_class(name: str) -> type:
     if key == "measured":
         from .measured_fidelity import MeasuredFidelity
         return MeasuredFidelity
-    raise FidelityError(f"unknown fidelity '{name}' (available: {', '.join(FIDELITIES)}, "
+    raise FidelityError(f"unknown fidelity '{name}' (available: {', '.join(LABELLERS)}, "
                         f"{SURROGATE_PREFIX}<fidelity|NAME@alias|path>)")
 
 
+def get_labeller(name: str, **options) -> Fidelity:
+    """A labeller by name, built with ``options``."""
+    return labeller_class(name)(**options)
+
+
+def version_of(cls: type) -> int:
+    """What a fidelity class's labels measure (its ``LABEL_VERSION``; 1 for a fidelity whose labels never
+    changed meaning). Caches of labels and of results built on them key on it."""
+    return int(getattr(cls, "LABEL_VERSION", 1))
+
+
 def label_version(name: str) -> int:
-    """What the labels of the fidelity called ``name`` measure (its class's ``LABEL_VERSION``; 1 for a
-    fidelity whose labels never changed meaning). Caches of labels and of results built on them key on it."""
-    return int(getattr(fidelity_class(name), "LABEL_VERSION", 1))
-
-
-def changed_label_versions(names) -> dict[str, int]:
-    """``{name: version}`` of those fidelities whose labels changed meaning (version above 1), for keys
-    that stay as they were for every other fidelity."""
-    return {n: v for n in names if (v := label_version(n)) > 1}
-
-
-def get_fidelity(name: str, **options) -> Fidelity:
-    """A fidelity by name (``roofline``, ``scalesim``, ``profiling``, ``measured`` or ``surrogate:<model>``),
-    built with ``options``."""
-    model = _surrogate_model(name)
-    if model is not None:
-        return fidelity_class(name)(model, **options)
-    return fidelity_class(name)(**options)
+    """:func:`version_of` the labeller called ``name``."""
+    return version_of(labeller_class(name))

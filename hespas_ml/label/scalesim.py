@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..ingest.graph import DTYPE_BYTES, Op
-from .costs import op_cost
+from ..costs import op_cost
 from .fidelity import FidelityError, Label
 from .roofline import TRANSCENDENTAL_FLOPS
 from .scalesim_worker import (ANALYTICAL, MODES, SIM_MODES, ArrayConfig, Budget, Gemm, analytical_cycles,

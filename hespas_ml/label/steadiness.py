@@ -1,11 +1,9 @@
 """Is this machine steady enough to take profiling labels? A short check before a long profiling build.
 
-Profiling labels are only as good as the machine's timings repeat. On a steady 2-vCPU VM the labeller
-repeated itself to 0.6-0.8 % (median) and 3-4 % (p90) from one run to the next; on another VM of the same
-kind, whose speed wandered with its neighbours, only to 5-20 % and 36-54 %, and 6,247 labels taken there
-trained the profiling surrogate to 22 % median error where 6,000 labels from the steady VM gave 12.7 %
-(2026-11-24/25). The damage shows only after an hour of labelling and another of training; this check
-shows it in seconds.
+Profiling labels are only as good as the machine's timings repeat: a shared VM whose speed wanders with
+its neighbours gives labels no surrogate learns to better than that wandering (``datasets/README.md``,
+"Before a long profiling build", has the figures). The damage shows only after an hour of labelling and
+another of training; this check shows it in seconds.
 
 :func:`check_steadiness` times three reference kernels (a GEMM, a streaming elementwise kernel and a
 reduction, lowered with ``jax.jit(...).lower(...)``) in rounds, exactly as the profiling labeller times a
@@ -17,7 +15,7 @@ second half of the rounds with the first.
 
 ``hespas-ml host-cpu --steadiness`` runs it; a dataset build runs a short one before a long profiling
 stage, records it in the manifest and in the folder's ``steadiness.jsonl``. The 5 % line (``STEADY_P90``)
-is the steady VM's labeller repeatability; the check itself has not yet been run on a steady machine.
+is what the labeller repeated to on the steadiest machine it ran on.
 """
 from __future__ import annotations
 

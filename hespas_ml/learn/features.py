@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ..label.costs import KNOWN_OPS
+from ..costs import KNOWN_OPS
 from ..label.roofline import TRANSCENDENTAL_FLOPS
 from ..label.targets import Target, load_target
 from .config import LearnError

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..label.costs import (DATA_MOVEMENT_OPS, DECOMPOSED_OPS, ELEMENTWISE_OPS, FREE_OPS, MATRIX_OPS,
+from ..costs import (DATA_MOVEMENT_OPS, DECOMPOSED_OPS, ELEMENTWISE_OPS, FREE_OPS, MATRIX_OPS,
                            REDUCTION_OPS, TRANSCENDENTAL_OPS)
 
 FAMILIES = ("conv", "dot", "reduction", "elementwise", "data movement", "other")

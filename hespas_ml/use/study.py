@@ -33,7 +33,7 @@ import pandas as pd
 
 from ..ingest.errors import HespasError
 from ..label.fidelity import label_caveats
-from ..label.registry import changed_label_versions
+from ..fidelities import changed_label_versions, get_fidelity, surrogate_model
 from . import study_metrics as M
 from .study_spec import MEASURED, SINGLE, SourceSpec, StudySpec, load_spec, read_measured
 
@@ -192,7 +192,10 @@ class _Runner:
                 self.fidelities[src.name] = built[key]
                 continue
             try:
-                fid = make_fidelity(FidelitySpec(src.fidelity, [], dict(src.options)), workers)
+                if surrogate_model(src.fidelity) is not None:
+                    fid = get_fidelity(src.fidelity, **src.options)
+                else:
+                    fid = make_fidelity(FidelitySpec(src.fidelity, [], dict(src.options)), workers)
             except (HespasError, ImportError, TypeError, ValueError) as exc:
                 if not src.optional:
                     raise StudySpecError(str(self.spec.path), src.origin, _reason(exc)) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..label.costs import op_cost
+from ..costs import op_cost
 from ..split.families import op_family, region_family
 
 

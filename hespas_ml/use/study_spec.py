@@ -226,7 +226,7 @@ def _default_targets(fidelity: str, targets: list[TargetSpec]) -> list[str]:
 
 def _check_options(name: str, options: dict[str, Any], origin: str, key: str) -> None:
     """Unknown option keys are spec errors; values are checked when the fidelity is built."""
-    from ..label.registry import fidelity_class
+    from ..fidelities import fidelity_class
 
     if name == "roofline":
         _check_keys(options, COMMON_FIDELITY_KEYS, origin, key)
@@ -241,7 +241,7 @@ def _check_options(name: str, options: dict[str, Any], origin: str, key: str) ->
 
 
 def _sources(value: Any, split: str, targets: list[TargetSpec], origin: str) -> list[SourceSpec]:
-    from ..label.registry import fidelity_class
+    from ..fidelities import fidelity_class
 
     data = _mapping(value, origin, "fidelities")
     if not data:

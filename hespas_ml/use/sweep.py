@@ -8,7 +8,7 @@
   per (target, fidelity), in the driver, whatever program it comes from;
 * each system config is built once per (system, target memory bandwidth) — the local memory bandwidth
   of a system is its target's, as in :func:`hespas_ml.simulate` — and each worker keeps one
-  :class:`~hespas_ml.use.fast_replay.SystemContext` per system with its memoised collective times;
+  :class:`~hespas_ml.replay.fast.SystemContext` per system with its memoised collective times;
 * traces are built once per (program, target, fidelity), compiled into a replay plan, and replayed on
   every system (:func:`run_chunk`) by the fast replay, which gives the embedded replay's step times.
 
@@ -285,7 +285,7 @@ class _Sweep:
 
     def fidelity(self, name: str):
         if name not in self.fidelities:
-            from ..label.registry import get_fidelity
+            from ..fidelities import get_fidelity
             self.fidelities[name] = get_fidelity(name)
         return self.fidelities[name]
 

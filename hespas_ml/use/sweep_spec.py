@@ -165,7 +165,7 @@ class SweepSpec:
                 "costs": self.costs, "fidelities": self.fidelities, "replays": self.replays,
                 "systems": {str(k): [asdict(s) for s in v] for k, v in sorted(self.systems.items())},
                 "chunk_size": self.chunk_size}
-        from ..label.registry import changed_label_versions
+        from ..fidelities import changed_label_versions
         changed = changed_label_versions(self.fidelities)
         if changed:                                     # so results of older labels are not resumed into
             data["labels"] = changed
@@ -266,14 +266,14 @@ class _Loader:
     def note_caveats(self, fidelities: list[str], targets: list[str]) -> None:
         """Notes for what a learned fidelity says about a target (e.g. a profiling surrogate on a host-cpu
         that is not the machine it learned)."""
-        from ..label.registry import get_fidelity
+        from ..fidelities import get_fidelity
         for name in fidelities:
             caveat = getattr(get_fidelity(name), "caveat", None)
             if callable(caveat):
                 self.notes.extend(note for note in dict.fromkeys(caveat(t) for t in targets) if note)
 
     def fidelities(self) -> list[str]:
-        from ..label.registry import get_fidelity
+        from ..fidelities import get_fidelity
         out: list[str] = []
         for f in _as_list(self.data.get("fidelities", ["default"])):
             name = str(f).strip()
@@ -532,7 +532,7 @@ def _kind(v: Any) -> str:
 
 def resolve_default_fidelity() -> str:
     """The first of :data:`DEFAULT_FIDELITIES` that :func:`get_fidelity` can build."""
-    from ..label.registry import get_fidelity
+    from ..fidelities import get_fidelity
     for name in DEFAULT_FIDELITIES:
         try:
             get_fidelity(name)

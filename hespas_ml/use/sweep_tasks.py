@@ -31,7 +31,7 @@ def prepare_program(source: str, split: str, devices: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         from ..ingest import load_program
-        from ..label.costs import graph_cost
+        from ..costs import graph_cost
         from ..split.regions import split_program
         from ..split.signature import signatures
 
@@ -60,7 +60,7 @@ def prepare_program(source: str, split: str, devices: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ chunks
 
 def _context(system_cfg, key: tuple[str, float]):
-    from .fast_replay import SystemContext
+    from ..replay.fast import SystemContext
     ctx = _contexts.get(key)
     if ctx is None:
         ctx = SystemContext(system_cfg)
@@ -76,7 +76,7 @@ def _replay(traces, plan, system_cfg, key, replay: str) -> tuple[int, int, str]:
     """(finish ns, exposed ns, engine) of one trace set on one system: the fast replay (which hands over
     to the embedded replay where it does not apply), or the real ASTRA-sim binary."""
     from ..replay import replay as run_replay
-    from .fast_replay import replay_fast
+    from ..replay.fast import replay_fast
 
     if replay == "astra-sim":
         res = run_replay(traces.traces, system_cfg, traces.comm_groups or None, backend="astra-sim")
@@ -97,7 +97,7 @@ def run_chunk(task: dict[str, Any]) -> dict[str, Any]:
     ``configs`` ({(system name, local memory GB/s): SystemConfig}).
     """
     from ..replay.traces import build_traces
-    from .fast_replay import compile_plan
+    from ..replay.fast import compile_plan
 
     t0 = time.perf_counter()
     rg, error, info = task["rg"], task["error"], task["info"]

@@ -16,7 +16,7 @@ from hespas_ml.ingest import load_program, parse_file, parse_module
 from hespas_ml.ingest.errors import HespasError
 from hespas_ml.ingest.extract import (ExtractError, extract_modules, extract_region, extract_regions,
                                      program_data)
-from hespas_ml.label.costs import graph_cost, op_cost
+from hespas_ml.costs import graph_cost, op_cost
 from hespas_ml.split.regions import split_program
 from tests.conftest import shared_path
 

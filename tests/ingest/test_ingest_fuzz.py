@@ -13,7 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import shared_path
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 WORKER = Path(__file__).with_name("_ingest_fuzz_worker.py")
 SEED = 20261122

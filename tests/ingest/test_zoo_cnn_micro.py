@@ -10,8 +10,10 @@ import pytest
 from hespas_ml.ingest import IngestError
 from hespas_ml.ingest.zoo import ZOO, canonical_spec, parse_zoo_spec, zoo_program
 from hespas_ml.ingest.zoo.cache import cache_key, export_in_subprocess
-from hespas_ml.label.costs import graph_cost
+from hespas_ml.costs import graph_cost
 from tests.ingest.zoo_checks import kinds, load
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 MICRO = ("gemm", "bgemm", "conv", "eltwise", "reduce", "softmax", "layernorm", "attention")
 SMALL_RESNET = "depth=18&width=0.125&image=32&batch=8"

@@ -16,8 +16,10 @@ from hespas_ml.ingest.zoo import efficientnet as efficientnet_family
 from hespas_ml.ingest.zoo import mbconv
 from hespas_ml.ingest.zoo import mobilenet as mobilenet_family
 from hespas_ml.ingest.zoo import swin as swin_family
-from hespas_ml.label.costs import graph_cost
+from hespas_ml.costs import graph_cost
 from tests.ingest.zoo_checks import kinds, load, matrix_flops
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 FAMILIES = ("mobilenet", "efficientnet", "convnext", "swin")
 SMALL = "image=32&batch=2&classes=10"

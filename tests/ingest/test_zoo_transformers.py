@@ -12,8 +12,10 @@ from hespas_ml.ingest.zoo import llama as llama_family
 from hespas_ml.ingest.zoo import moe as moe_family
 from hespas_ml.ingest.zoo import vit as vit_family
 from hespas_ml.ingest.zoo.cache import export_in_subprocess
-from hespas_ml.label.costs import graph_cost
+from hespas_ml.costs import graph_cost
 from tests.ingest.zoo_checks import kinds, load, matrix_flops
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 # small configurations: d_model 64, 4 heads (head size 16)
 LLAMA = "zoo:llama?layers=2&d_model=64&heads=4&kv_heads=2&ffn=128&vocab=256&seq=16&batch=8"

@@ -11,8 +11,10 @@ from hespas_ml.ingest.zoo import ZOO, canonical_spec, parse_zoo_spec, zoo_progra
 from hespas_ml.ingest.zoo import dlrm as dlrm_family
 from hespas_ml.ingest.zoo import unet as unet_family
 from hespas_ml.ingest.zoo.cache import export_in_subprocess
-from hespas_ml.label.costs import graph_cost
+from hespas_ml.costs import graph_cost
 from tests.ingest.zoo_checks import kinds, load, matrix_flops
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 # depth 3 (16, 8, 4 pixels), 8-16-32 channels, group norm of 4 groups
 UNET = "zoo:unet?depth=3&base=8&image=16&in_channels=3&classes=4&batch=4&groups=4"

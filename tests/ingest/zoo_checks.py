@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hespas_ml.ingest import OpGraph, load_program
-from hespas_ml.label.costs import graph_cost
+from hespas_ml.costs import graph_cost
 
 
 def load(spec: str) -> OpGraph:

@@ -1,4 +1,4 @@
-"""The per-op cost model (hespas_ml.label.costs) checked against XLA's own HloCostAnalysis.
+"""The per-op cost model (hespas_ml.costs) checked against XLA's own HloCostAnalysis.
 
 Which XLA figure we compare with
 --------------------------------
@@ -27,7 +27,6 @@ import math
 import random
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,7 +39,7 @@ from jax import lax
 from conftest import PROJECT_ROOT, shared_path
 from hespas_ml.ingest.graph import Op, OpGraph, TensorType
 from hespas_ml.ingest.stablehlo import parse_file, parse_module
-from hespas_ml.label.costs import (DATA_MOVEMENT_OPS, ELEMENTWISE_OPS, FREE_OPS, KNOWN_OPS, TRANSCENDENTAL_OPS,
+from hespas_ml.costs import (DATA_MOVEMENT_OPS, ELEMENTWISE_OPS, FREE_OPS, KNOWN_OPS, TRANSCENDENTAL_OPS,
                                    UNITS, OpCost, graph_cost, live_mask, op_cost)
 
 # -- XLA references ---------------------------------------------------------------------------------------
@@ -535,13 +534,7 @@ def test_kind_sets_are_consistent() -> None:
         assert (c.flops, c.transcendentals, c.unit) == (0, 15, "vector")
 
 
-def test_op_cost_is_fast_and_costs_imports_no_jax() -> None:
-    graph = shared_graph("maxtext/llama3-100m-4dev.mlir")
-    start = time.perf_counter()
-    for op in graph.ops:
-        op_cost(op)
-    per_op = (time.perf_counter() - start) / len(graph.ops)
-    assert per_op < 50e-6, f"{per_op * 1e6:.1f} µs per op"
-    code = "import sys, hespas_ml.label.costs; print('jax' in sys.modules)"
+def test_costs_imports_no_jax() -> None:
+    code = "import sys, hespas_ml.costs; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, check=True)
     assert out.stdout.strip() == "False"

@@ -34,6 +34,8 @@ from hespas_ml.label.targets import load_target
 from hespas_ml.split.regions import split_program
 from hespas_ml.split.signature import region_signature, signatures
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 SMOKE = PROJECT_ROOT / "datasets" / "smoke.yaml"
 SA32 = PROJECT_ROOT / "datasets" / "targets" / "sa32x32.yaml"
 

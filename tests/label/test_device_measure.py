@@ -23,6 +23,8 @@ from hespas_ml.label.profiling_worker import measure
 from hespas_ml.label.targets import load_target
 from tests.conftest import PROJECT_ROOT
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 CORPUS = """
 name: tiny-corpus
 programs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import fcntl
 import math
 import os
-import platform
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from hespas_ml.label.profiling import ProfilingFidelity
 from hespas_ml.label.targets import load_target
 from hespas_ml.split.regions import split_program
 from tests.conftest import shared_path
+
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
 # Three independent kernels: a 512^3 f32 GEMM, a 3x3 convolution and an elementwise chain.
 PROGRAM = """
@@ -162,27 +163,20 @@ def test_results_measured_one_way_never_answer_a_request_to_measure_another(kern
             assert fid.stats["cached"] == 1, other
 
 
-def elementwise_module(mib: int) -> str:
-    """x * 2 + 1 over an f32 vector of ``mib`` MiB."""
-    t = f"tensor<{mib * 2**18}xf32>"
-    return f"""
-func.func @main(%x: {t}) -> {t} {{
-  %two = stablehlo.constant dense<2.0> : {t}
-  %one = stablehlo.constant dense<1.0> : {t}
-  %0 = stablehlo.multiply %x, %two : {t}
-  %1 = stablehlo.add %0, %one : {t}
-  return %1 : {t}
-}}
-"""
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
+def test_the_worker_keeps_the_memory_its_executions_free(host):
+    """The worker runs with glibc told to keep freed memory (one arena, no mmap, no trim), so a buffer over
+    the mmap threshold is not page-faulted in anew on every execution (``eval/eval_profiling_buffers.py``
+    measures what that changes)."""
+    from hespas_ml.label.profiling import WORKER_MALLOC_ENV
 
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator settings are glibc's")
-def test_buffers_over_the_allocators_mmap_threshold_are_timed_without_page_faults():
-    # glibc returns a freed buffer over 32 MiB to the kernel, so each execution page-faulted its result in
-    # anew (5-8x the time per element of a 16 MiB one here); the worker keeps freed memory instead
-    with ProfilingFidelity(cache=False, statistic="min", measure_s=0.5) as fid:
-        small, big = (fid.time_module(elementwise_module(mib))["min_s"] / mib for mib in (16, 64))
-    assert big < 2.5 * small, (small, big)
+    with ProfilingFidelity(cache=False, **FAST) as fid:
+        fid.provenance(host)                                  # starts the worker
+        (worker,) = fid._workers.values()
+        environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes().split(b"\0")
+    settings = dict(entry.decode().split("=", 1) for entry in environ if b"=" in entry)
+    assert {k: settings.get(k) for k in WORKER_MALLOC_ENV} == WORKER_MALLOC_ENV
+    assert "MALLOC_MMAP_THRESHOLD_" not in os.environ            # the caller's allocator is left alone
 
 
 def test_labels_timed_under_too_much_noise_are_not_cached(kernels, host, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import shared_path
 from hespas_ml.ingest.stablehlo import parse_file, parse_module
-from hespas_ml.label.costs import op_cost
+from hespas_ml.costs import op_cost
 from hespas_ml.label.fidelity import FidelityError
 from hespas_ml.label.roofline import RooflineFidelity
 from hespas_ml.label.scalesim import (GemmWork, LayerCache, ScaleSimFidelity, array_config, layer_key, matrix_work,

@@ -10,6 +10,8 @@ from hespas_ml.label.fidelity import FidelityError
 from hespas_ml.label.profiling import ProfilingFidelity
 from hespas_ml.label.steadiness import STEADY_P90, Steadiness, check_steadiness, deviations, reference_modules
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 
 def test_deviations_are_distances_from_each_kernels_own_median():
     dev = deviations({"a": [1.0, 1.0, 1.0, 2.0], "b": [10.0, 12.0, 8.0]})

@@ -273,9 +273,7 @@ def host_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("hespas-ml-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HESPAS_ML_CACHE", str(directory))
-        started = time.perf_counter()
         measure_host_cpu()
-        assert time.perf_counter() - started < 30
     return directory
 
 

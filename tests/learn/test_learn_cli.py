@@ -13,6 +13,8 @@ from hespas_ml.cli.main import main
 from hespas_ml.learn.fidelity import SurrogateFidelity
 from hespas_ml.learn.registry import model_name
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 NAME = model_name("roofline")
 MLP = "zoo:mlp?layers=2&width=64&batch=16"
 TINY = """# a configuration that trains in a second or two

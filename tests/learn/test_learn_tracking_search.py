@@ -14,6 +14,8 @@ from hespas_ml.learn.search import SearchError, parse_space
 from hespas_ml.learn.surrogate import Surrogate
 from hespas_ml.learn.tracking import setup_mlflow
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 NAME = model_name("roofline")
 
 

@@ -74,7 +74,7 @@ def test_simulate_with_the_shipped_roofline_surrogate_gives_an_interval():
 def test_surrogates_refuse_targets_their_fidelity_cannot_answer_for(regions):
     """As the labellers do: SCALE-Sim needs systolic arrays, profiling measures only the machine it runs on
     (the shipped profiling surrogate learned host-cpu timings and nothing else)."""
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
 
     with pytest.raises(HespasError, match="H100 has no systolic arrays") as err:
         get_fidelity("surrogate:scalesim").label_regions(regions, "H100")
@@ -93,7 +93,7 @@ def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learne
     import dataclasses
 
     from hespas_ml.cli.main import main
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
     from hespas_ml.label.targets import VECTOR_DTYPES, load_target
     from hespas_ml.learn.features import HW_FEATURES
     from hespas_ml.learn.surrogate import row_feature_names
@@ -135,7 +135,7 @@ def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learne
 
 
 def test_models_folder_can_be_moved_with_HESPAS_ML_MODELS(tmp_path, monkeypatch, regions):
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
 
     shutil.copytree(models_dir() / "roofline", tmp_path / "roofline")
     monkeypatch.setenv("HESPAS_ML_MODELS", str(tmp_path))

@@ -18,6 +18,8 @@ from hespas_ml.use.study import CONFIG_COLUMNS, run_study
 from hespas_ml.split.families import region_family
 from hespas_ml.use.study_spec import StudySpecError, load_spec, read_measured
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "eval" / "studies" / "smoke.yaml"
 
@@ -269,7 +271,7 @@ def test_smoke_study_writes_the_documented_tables(smoke):
     assert (top.groupby(["source_a", "source_b"]).size() <= spec.top_regions).all()
     assert top["shape"].str.contains("->").all()
     # the profiling surrogate's caveat (when this host-cpu is not the machine it learned) reaches the report
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
     caveat = get_fidelity("surrogate:profiling").caveat("host-cpu")
     learned = timed[timed["source"] == "surrogate:profiling"]
     assert len(learned) and set(learned["reason"].fillna("")) == {caveat or ""}

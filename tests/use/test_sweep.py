@@ -23,6 +23,8 @@ from hespas_ml.use.sweep import RESULTS, run_sweep
 from hespas_ml.use.sweep_report import load_results, make_report, pareto_front, write_plots
 from hespas_ml.use.sweep_spec import load_sweep_spec
 
+pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "eval" / "sweeps" / "smoke.yaml"
 
@@ -121,7 +123,7 @@ def test_failed_programs_are_recorded_not_fatal(tmp_path):
 
 def _traces(spec: str, target: str = "H100"):
     from hespas_ml.ingest import load_program
-    from hespas_ml.label.registry import get_fidelity
+    from hespas_ml.fidelities import get_fidelity
     from hespas_ml.label.targets import load_target
     from hespas_ml.replay.traces import build_traces
     from hespas_ml.split.regions import split_program
@@ -154,7 +156,7 @@ def _random_system(rng: random.Random, n: int) -> str:
 def test_fast_replay_equals_embedded_replay(program):
     from hespas_ml.replay import replay
     from hespas_ml.replay.system import load_system
-    from hespas_ml.use.fast_replay import SystemContext, compile_plan, evaluate, replay_fast
+    from hespas_ml.replay.fast import SystemContext, compile_plan, evaluate, replay_fast
 
     rng = random.Random(program)
     for target in ("H100", "V100-32GB"):
@@ -177,7 +179,7 @@ def test_fast_replay_hands_over_where_it_does_not_apply(tmp_path):
     several active chunks) still give the embedded replay's step times through replay_fast."""
     from hespas_ml.replay import replay
     from hespas_ml.replay.system import load_system, write_system
-    from hespas_ml.use.fast_replay import replay_fast
+    from hespas_ml.replay.fast import replay_fast
 
     traces, _tgt = _traces("zoo:llama?layers=2&d_model=64&heads=4&kv_heads=4&ffn=128&vocab=256&seq=16&batch=8"
                            "&devices=4&parallel=fsdp")
@@ -202,7 +204,7 @@ def test_fast_replay_sub_group_collectives():
     from hespas_ml.replay import replay
     from hespas_ml.replay.chakra import EtNode
     from hespas_ml.replay.system import load_system
-    from hespas_ml.use.fast_replay import compile_plan, replay_fast
+    from hespas_ml.replay.fast import compile_plan, replay_fast
 
     groups = {1: [0, 1], 2: [2, 3], 3: [0, 1, 2, 3]}
     rng = random.Random(5)
@@ -235,8 +237,8 @@ def test_collective_times_match_the_system_layer():
     from hespas_ml.replay import chakra as et
     from hespas_ml.replay.embedded.network import Network
     from hespas_ml.replay.system import load_system
-    from hespas_ml.use.fast_collectives import link_class
-    from hespas_ml.use.fast_replay import SystemContext
+    from hespas_ml.replay.fast_collectives import link_class
+    from hespas_ml.replay.fast import SystemContext
 
     rng = random.Random(11)
     shaped = 0

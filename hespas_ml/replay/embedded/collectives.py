@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
 
 from hespas_ml.replay import chakra as et
-from hespas_ml.replay.embedded.streams import Algorithm, Stream
+from hespas_ml.replay.embedded.streams import Algorithm, CollectiveHost, Stream
 from hespas_ml.replay.embedded.topology import (ACW, CW, INTERMEDIATE, LEAF, ROOT, BinaryTree, DimTopology,
                                                 RingTopology)
 from hespas_ml.replay.errors import ReplayError
 
-if TYPE_CHECKING:
-    from hespas_ml.replay.embedded.system_layer import SystemLayer
 
 AR, AG, RS, A2A = et.ALL_REDUCE, et.ALL_GATHER, et.REDUCE_SCATTER, et.ALL_TO_ALL
 
@@ -39,7 +36,7 @@ class _MessageAlgorithm:
     count: int  # messages still to send
     msg: int  # bytes of the next message
 
-    def __init__(self, sys: SystemLayer, comm_type: int, topo: RingTopology):
+    def __init__(self, sys: CollectiveHost, comm_type: int, topo: RingTopology):
         self.sys = sys
         self.stream: Stream | None = None
         self.comm_type = comm_type
@@ -111,7 +108,7 @@ class _MessageAlgorithm:
 class RingAlgorithm(_MessageAlgorithm):
     """ASTRA-sim's Ring: every message goes to the next rank in `direction`."""
 
-    def __init__(self, sys: SystemLayer, comm_type: int, topo: RingTopology, size: int, direction: int):
+    def __init__(self, sys: CollectiveHost, comm_type: int, topo: RingTopology, size: int, direction: int):
         super().__init__(sys, comm_type, topo)
         n = self.n
         self.direction = direction
@@ -142,7 +139,7 @@ class DirectAlgorithm(RingAlgorithm):
     """ASTRA-sim's AllToAll ("direct"): up to `window` messages in parallel (-1: all n - 1), each to
     the next peer round the ring."""
 
-    def __init__(self, sys: SystemLayer, comm_type: int, topo: RingTopology, size: int, direction: int,
+    def __init__(self, sys: CollectiveHost, comm_type: int, topo: RingTopology, size: int, direction: int,
                  window: int):
         super().__init__(sys, comm_type, topo, size, direction)
         self.middle = self.n - 1
@@ -180,7 +177,7 @@ class HalvingDoublingAlgorithm(_MessageAlgorithm):
     """ASTRA-sim's HalvingDoubling: messages to partners at doubling (RS, AR) or halving (AG) ring
     offsets, halving (or doubling) the message size; an all-reduce turns back at offset n."""
 
-    def __init__(self, sys: SystemLayer, comm_type: int, topo: RingTopology, size: int):
+    def __init__(self, sys: CollectiveHost, comm_type: int, topo: RingTopology, size: int):
         super().__init__(sys, comm_type, topo)
         n = self.n
         log2n = math.log2(n)
@@ -227,7 +224,7 @@ class DoubleBinaryTreeAlgorithm:
     """ASTRA-sim's DoubleBinaryTreeAllReduce state machine (run whatever the collective type): reduce
     up the tree to the root, then broadcast back down."""
 
-    def __init__(self, sys: SystemLayer, tree: BinaryTree, size: int):
+    def __init__(self, sys: CollectiveHost, tree: BinaryTree, size: int):
         self.sys = sys
         self.stream: Stream | None = None
         self.comm_type = AR
@@ -294,7 +291,7 @@ class DoubleBinaryTreeAlgorithm:
             sys.proceed(stream)
 
 
-def make_algorithm(sys: SystemLayer, comm_type: int, dim: DimTopology, kind: str, window: int, size: int,
+def make_algorithm(sys: CollectiveHost, comm_type: int, dim: DimTopology, kind: str, window: int, size: int,
                    direction: int) -> Algorithm:
     """The algorithm named `kind` (an implementation entry) for `size` bytes per rank on `dim`."""
     if kind in ("ring", "oneRing"):

@@ -7,6 +7,25 @@ from typing import Callable, Protocol
 from hespas_ml.replay.embedded.config import COLLECTIVE_TAG_BASE
 
 
+class CollectiveHost(Protocol):
+    """What an algorithm needs from the rank's system layer it runs on
+    (:class:`~hespas_ml.replay.embedded.system_layer.SystemLayer`)."""
+
+    rank: int
+
+    def bundle(self, stream: "Stream", processed: bool, size: int, fast: bool) -> None:
+        """A memory-bus transfer of a message, then the local reduction when ``processed``."""
+
+    def coll_send(self, dst: int, size: int, stream: "Stream") -> None:
+        """Send a message of ``stream`` to rank ``dst``."""
+
+    def coll_recv(self, src: int, size: int, stream: "Stream") -> None:
+        """Post the receive of a message of ``stream`` from rank ``src``."""
+
+    def proceed(self, stream: "Stream") -> None:
+        """Move a stream to its next phase (or finish it)."""
+
+
 class Algorithm(Protocol):
     """What the system layer needs from the algorithm running one phase of one chunk on one rank."""
 

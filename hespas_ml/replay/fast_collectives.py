@@ -38,13 +38,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..replay.embedded.collectives import make_algorithm
-from ..replay.embedded.config import ReplayConfig
-from ..replay.embedded.engine import Engine
-from ..replay.embedded.network import Network
-from ..replay.embedded.symmetric import Asymmetric, PhaseOracle, TimedPhase, TimedSystemLayer
-from ..replay.embedded.topology import RingTopology
-from ..replay.system import SystemConfig
+from .embedded.collectives import make_algorithm
+from .embedded.config import ReplayConfig
+from .embedded.engine import Engine
+from .embedded.network import Network
+from .embedded.symmetric import Asymmetric, PhaseOracle, TimedPhase, TimedSystemLayer
+from .embedded.topology import RingTopology
+from .system import SystemConfig
 
 LOCKSTEP_KINDS = ("ring", "oneRing", "direct", "oneDirect")
 FIT_BASE = (7919, 3571)      # (d, r) of the first fitting point; primes keep clear of accidental ties

@@ -44,7 +44,7 @@ from functools import lru_cache
 from math import gcd, prod
 from typing import Any, Callable
 
-from ..ingest.graph import COLLECTIVE_KINDS, Op, OpGraph, TensorType, last_program_table
+from .ingest.graph import COLLECTIVE_KINDS, Op, OpGraph, TensorType, last_program_table
 
 MATRIX, VECTOR, NONE = "matrix", "vector", "none"
 UNITS = (MATRIX, VECTOR, NONE)

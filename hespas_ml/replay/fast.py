@@ -9,7 +9,7 @@ collective nodes; see :mod:`hespas_ml.replay.embedded.symmetric`) and otherwise 
 1. **A replay plan** (:func:`compile_plan`), compiled once per trace set: rank 0's nodes in id order,
    their children and parent counts, COMP runtimes, and one descriptor per distinct collective.
 2. **Collective times** memoised per (collective kind, size, group, system) in a :class:`SystemContext`,
-   by :mod:`hespas_ml.use.fast_collectives`: a rank has at most one collective in flight, so its
+   by :mod:`hespas_ml.replay.fast_collectives`: a rank has at most one collective in flight, so its
    duration does not depend on what else runs; it comes from per-structure linear fits of the phase
    times, checked against exact one-phase runs of the full engine, composed over the collective's
    chunk streams. Besides the duration we keep the *lead*: how long before its end the collective's
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Sequence
 
-from ..replay import chakra as et
-from ..replay.embedded import replay_embedded
-from ..replay.embedded.config import IMPLEMENTATION_KEYS, ReplayConfig
-from ..replay.embedded.network import Network
-from ..replay.embedded.nodes import group_id
-from ..replay.embedded.results import RankResult, ReplayResult
-from ..replay.embedded.symmetric import Asymmetric, symmetric_plan
-from ..replay.errors import ReplayError
-from ..replay.system import SystemConfig, validate_dims, validate_system
+from . import chakra as et
+from .embedded import replay_embedded
+from .embedded.config import IMPLEMENTATION_KEYS, ReplayConfig
+from .embedded.network import Network
+from .embedded.nodes import group_id
+from .embedded.results import RankResult, ReplayResult
+from .embedded.symmetric import Asymmetric, symmetric_plan
+from .errors import ReplayError
+from .system import SystemConfig, validate_dims, validate_system
 from .fast_collectives import CollectiveTimer
 
 
@@ -145,7 +145,7 @@ def compile_plan(traces: Sequence[Sequence[et.EtNode]],
 
 class SystemContext:
     """One system as the fast replay sees it, with its memoised collective times
-    (:class:`~hespas_ml.use.fast_collectives.CollectiveTimer`)."""
+    (:class:`~hespas_ml.replay.fast_collectives.CollectiveTimer`)."""
 
     def __init__(self, system: SystemConfig):
         validate_dims(system.dims, system.source)
