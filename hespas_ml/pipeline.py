@@ -107,6 +107,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
     t0 = time.perf_counter()
     tgt = load_target(target)
     fid = get_fidelity(fidelity, **(fidelity_options or {}))
+    fid.check_target(tgt)                 # refuse before the program is read, not after
     sys_cfg = None
     if system is not None:
         sys_cfg = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)

@@ -1,8 +1,18 @@
 """One interface for every way of timing a compute region: region + target -> seconds, with metadata.
 
-A fidelity is any object with a ``name`` and ``label_regions(regions, target) -> list[Label]``
-(``label(region, target)`` for one). Fidelities are looked up by name with
-:func:`hespas_ml.fidelities.get_fidelity`.
+The contract every fidelity keeps (labellers here, learned surrogates in :mod:`hespas_ml.learn.fidelity`;
+``tests/test_fidelity_contract.py`` checks it for every one :mod:`hespas_ml.fidelities` names):
+
+* ``name``;
+* ``check_target(target)``: nothing when it answers for ``target``, else :class:`FidelityError` in one line
+  (a SCALE-Sim fidelity needs systolic arrays, profiling times only the machine it runs on, …);
+* ``label_regions(regions, target)``: one :class:`Label` per compute region, in order; an ok label has a
+  finite time of at least 0 s, a failed one NaN and a ``reason`` in its ``meta``; a label with an interval
+  has ``meta["interval"] = (lower, upper)`` around its time; ``label(region, target)`` is the same for one;
+* ``provenance(target)``: what answers on ``target``, as JSON (the fidelity, its version and options, the
+  model or the machine or the measurements behind it).
+
+Fidelities are looked up by name with :func:`hespas_ml.fidelities.get_fidelity`.
 """
 from __future__ import annotations
 
@@ -47,6 +57,10 @@ def label_caveats(labels) -> list[str]:
 class Fidelity(Protocol):
     name: str
 
+    def check_target(self, target) -> None: ...
+
     def label(self, region, target) -> Label: ...
 
     def label_regions(self, regions: Sequence, target) -> list[Label]: ...
+
+    def provenance(self, target) -> dict[str, Any]: ...

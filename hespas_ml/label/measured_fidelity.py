@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,18 @@ class MeasuredFidelity:
                     found.setdefault(digest, []).append((float(seconds), folder.name))
             self._index[target] = found
         return self._index[target]
+
+    def check_target(self, target) -> None:
+        """FidelityError when no folder holds a label measured on ``target``."""
+        name = getattr(target, "name", str(target))
+        if not self._labels_on(name):
+            where = ", ".join(str(f) for f in self.folders) or "no measured folders"
+            raise FidelityError(f"measured: no labels measured on {name} (in {where})")
+
+    def provenance(self, target) -> dict[str, Any]:
+        name = getattr(target, "name", str(target))
+        return {"fidelity": self.name, "target": name, "folders": [str(f) for f in self.folders],
+                "regions_measured": len(self._labels_on(name))}
 
     def label(self, region, target) -> Label:
         return self.label_regions([region], target)[0]

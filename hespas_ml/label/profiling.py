@@ -273,13 +273,20 @@ class ProfilingFidelity:
                 raise FidelityError(f"profiling: {result['error']}")
             return {**result, **self._provenance_of(worker), **self._identity(worker)}
 
+    def check_target(self, target: Target) -> None:
+        """Profiling times the hardware it runs on: FidelityError unless ``target`` is this machine's CPU or
+        the GPU jax finds here (starts the worker to find out)."""
+        self._worker_for(target)
+
     def provenance(self, target: Target | str = HOST_CPU) -> dict[str, Any]:
         """What labels on ``target`` are measured on: backend, device, jax and jaxlib versions, the
         backend's platform version, GPU facts jax reports (compute capability, multiprocessors, memory)
         and the driver's (:func:`hespas_ml.host.gpu_facts`), how executions are timed, and the machine
         (:func:`hespas_ml.host.machine_identity`). Starts the worker if it is not running."""
         worker = self._worker_for(target)
-        return {**self._provenance_of(worker), **self._identity(worker)}
+        return {"fidelity": self.name, "target": getattr(target, "name", str(target)),
+                "label_version": self.LABEL_VERSION, "statistic": self.statistic, "measure_s": self.measure_s,
+                **self._provenance_of(worker), **self._identity(worker)}
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""

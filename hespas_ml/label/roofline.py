@@ -8,7 +8,7 @@ A region's time is the sum over its kernels: one kernel for the fusion-aware spl
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .fidelity import Label
 
@@ -28,9 +28,15 @@ def kernel_seconds(kernel, target) -> tuple[float, float]:
 
 
 class RooflineFidelity:
-    """Roofline on every preset target; deterministic and instant."""
+    """Roofline on every target (a preset or a target file); deterministic and instant."""
 
     name = "roofline"
+
+    def check_target(self, target) -> None:
+        """Every target has the peaks and the bandwidth a roofline needs."""
+
+    def provenance(self, target) -> dict[str, Any]:
+        return {"fidelity": self.name, "target": target.name, "transcendental_flops": TRANSCENDENTAL_FLOPS}
 
     def label(self, region, target) -> Label:
         compute = memory = seconds = 0.0

@@ -416,12 +416,21 @@ class ScaleSimFidelity:
 
     # -- public interface ---------------------------------------------------------------------------
 
+    def check_target(self, target: Target) -> None:
+        """SCALE-Sim simulates systolic arrays: FidelityError for a target without them."""
+        require_systolic(target)
+
+    def provenance(self, target: Target) -> dict[str, Any]:
+        return {"fidelity": self.name, "target": target.name, "scalesim": package_version("scalesim"),
+                "mode": self.mode, "budget_s": self.budget.seconds, "memory_bytes": self.budget.memory_bytes,
+                "analytical_tail": self.analytical_tail}
+
     def label(self, region, target: Target) -> Label:
         return self.label_regions([region], target)[0]
 
     def label_regions(self, regions: Sequence, target: Target) -> list[Label]:
         """Labels of ``regions`` (compute regions carrying ``region.graph``) on ``target``."""
-        require_systolic(target)
+        self.check_target(target)
         plans = [self._plan(region, target) for region in regions]
         layers: dict[tuple[Gemm, ArrayConfig], _Layer] = {}
         for plan in plans:

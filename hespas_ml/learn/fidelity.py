@@ -87,20 +87,28 @@ class SurrogateFidelity:
         return self.label_regions([region], target)[0]
 
     def check_target(self, target) -> None:
-        """Refuse, in one line, what the learned fidelity itself refuses: a SCALE-Sim surrogate needs systolic
+        """Refuse (FidelityError, one line) what the learned fidelity itself refuses: a SCALE-Sim surrogate needs systolic
         arrays, and a profiling surrogate answers only for the machines whose timings it learned (profiling
         measures the machine it runs on; one machine's timings say nothing about another's, and with a single
         training target the hardware vector never varied, so the model could not even tell them apart)."""
+        target = resolve_target(target)
         name = target.name
         if self.fidelity == "scalesim":
             try:
                 require_systolic(target)
             except FidelityError as exc:
-                raise LearnError(f"{self.name}: {exc}") from None
+                raise FidelityError(f"{self.name}: {exc}") from None
         if self.fidelity == "profiling" and self.trained_targets and name not in self.trained_targets:
-            raise LearnError(f"{self.name}: learned the profiling timings of {', '.join(sorted(self.trained_targets))}"
+            raise FidelityError(f"{self.name}: learned the profiling timings of {', '.join(sorted(self.trained_targets))}"
                              f" only, not of {name} (profiling measures the machine it runs on; use --target "
                              f"{sorted(self.trained_targets)[0]}, or another fidelity)")
+
+    def provenance(self, target) -> dict[str, Any]:
+        """The model that answers: where it was loaded from, what it learned, its interval's coverage."""
+        trained = self.surrogate.trained_on
+        return {"fidelity": self.name, "target": resolve_target(target).name, "model": self.source,
+                "learned": self.fidelity, "targets_learned": sorted(self.trained_targets),
+                "families_learned": trained.get("families"), "coverage": self.surrogate.calibration.coverage}
 
     def caveat(self, target) -> str | None:
         """What a user must know about these predictions on ``target``, in one line, or None. A profiling

@@ -187,7 +187,7 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
                                             r"host-cpu"):
         simulate("zoo:mlp?layers=3&width=96&batch=8&step=train", target="host-cpu", fidelity="measured",
                  fidelity_options={"folders": [measured]})
-    with pytest.raises(FidelityError, match="no label measured on H100|0 of"):
+    with pytest.raises(FidelityError, match="no labels measured on H100"):
         simulate(step["source"], target="H100", fidelity="measured", fidelity_options={"folders": [measured]})
 
 
