@@ -450,6 +450,7 @@ def test_default_disk_cache_follows_hespas_ml_cache(tmp_path, monkeypatch):
 
 # -- real regions ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_resnet50_regions_on_tpuv3(resnet, cache):
     tpu = load_target("TPUv3")
     regions = resnet.compute_regions()

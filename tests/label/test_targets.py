@@ -355,6 +355,7 @@ def test_host_cpu_command_shows_and_remeasures_the_cached_target(host_cache: Pat
     assert after.measured["key"] == before.measured["key"] and after.matrix_flops["f32"] > 1e9
 
 
+@pytest.mark.slow
 def test_host_cpu_command_checks_timing_steadiness(host_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from hespas_ml.cli.main import main
 

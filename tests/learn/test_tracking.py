@@ -1,9 +1,12 @@
 """The MLflow store convention: SQLite backend with artifacts beside it, inside the folder given."""
 from __future__ import annotations
 
+import pytest
+
 from hespas_ml.learn.tracking import resolve_uri, setup_mlflow
 
 
+@pytest.mark.slow
 def test_folder_store_gets_sqlite_backend_and_artifacts_beside_it(tmp_path):
     store = tmp_path / "runs"
     mlflow = setup_mlflow(store, experiment="unit")
