@@ -1,6 +1,6 @@
 """Benchmark of the learned surrogates against the fidelities they replace, side by side in one run.
 
-1. **Load** — ``Surrogate.load`` of each shipped model (``models/<fidelity>/``) in this process (modules
+1. **Load** — ``Surrogate.load`` of each shipped model (``hespas_ml/models/<fidelity>/``) in this process (modules
    already imported) and in a fresh Python process (import + load, reported separately). Target: < 1 s.
 2. **Batched inference** — region records (distinct regions of a dataset, e.g. the main snapshot) →
    predictions on CPU with the whole ensemble, featurisation included (every timing starts from a freshly
@@ -16,7 +16,7 @@
    Targets: ≥ 1,000× faster than SCALE-Sim, ≥ 100× faster than profiling. Also printed: the surrogate on
    regions it featurised before (a sweep's later points, another target): signature and network only.
 
-    python eval/bench_surrogate.py                                   # models/, records from the smoke spec
+    python eval/bench_surrogate.py                                   # the shipped models, records from the smoke spec
     python eval/bench_surrogate.py --dataset /path/to/main-snapshot --regions 5000
     python eval/bench_surrogate.py --program 'zoo:resnet?depth=18&width=0.5&image=32&batch=4' --sample 16
     python eval/bench_surrogate.py --json out/bench_surrogate.json

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=int, help="override the configuration's epochs")
     p.add_argument("--seed", type=int, help="seed of the split, the initialisation, the data order and the search")
     p.add_argument("--trials", type=int, default=0, help="run an Optuna search of N trials first (default: none)")
-    p.add_argument("--search-space", help="search-space YAML (default: training/search/<fidelity>.yaml)")
+    p.add_argument("--search-space", help="search-space YAML (default: the shipped hespas_ml/learn/search_spaces/<fidelity>.yaml)")
     p.add_argument("--study", help="Optuna study name (default: <model name>.<dataset name>.<split>)")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite optuna.db beside the MLflow store)")
     p.add_argument("--from", dest="warm_from", metavar="MODEL",

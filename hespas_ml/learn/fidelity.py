@@ -4,7 +4,7 @@
 ``surrogate:NAME@alias``, ``surrogate:models:/NAME/3``, ``surrogate:/path/to/model``) returns a
 :class:`SurrogateFidelity`: the same interface as the analytical and measured fidelities
 (``label_regions(regions, target) -> list[Label]``), so the pipeline, dataset builder, sweeps and
-studies use it unchanged. A fidelity name means the shipped model (``models/<fidelity>/``); other
+studies use it unchanged. A fidelity name means the shipped model (``hespas_ml/models/<fidelity>/``); other
 references are resolved by :func:`hespas_ml.learn.registry.load_surrogate`.
 
 All regions of a call are featurised and predicted together, and identical regions (same structural

@@ -1,6 +1,6 @@
 """MODEL_CARD.md of a trained surrogate: its data, split, model, held-out metrics (with the baselines on the
 same rows), provenance and the command that reproduces it. Written beside the saved model
-(``hespas-ml train --save DIR``), as shipped in ``models/<fidelity>/``."""
+(``hespas-ml train --save DIR``), as shipped in ``hespas_ml/models/<fidelity>/``."""
 from __future__ import annotations
 
 import time
@@ -29,7 +29,7 @@ def model_card(out, dataset, command: str) -> str:
              f"`hespas-ml predict PROGRAM --fidelity {c.fidelity}`. Files: `weights.pt` (a torch state_dict, "
              "read with `weights_only=True`), `surrogate.json`, `metrics.json` — no pickle.", "",
              "## Data", "",
-             f"* dataset: `{dataset.path}` (spec `{(m.get('spec') or {}).get('name', '?')}`, built "
+             f"* dataset: `{Path(dataset.path).name}` (spec `{(m.get('spec') or {}).get('name', '?')}`, built "
              f"{m.get('created', '?')}): {len(dataset.regions)} unique regions; {c.fidelity} labels: "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
              f"* targets learned: {', '.join(s.trained_on.get('targets', [])) or '-'}",

@@ -9,7 +9,7 @@ moves is :func:`hespas_ml.learn.runs.train_and_register`.
 
 Model references (:func:`load_surrogate`, ``--model``, ``--from``, ``surrogate:<ref>``):
 
-* ``roofline`` / ``scalesim`` / ``profiling``: the shipped model ``models/<fidelity>/`` (the folder beside
+* ``roofline`` / ``scalesim`` / ``profiling``: the shipped model ``hespas_ml/models/<fidelity>/`` (package data
   the package; ``HESPAS_ML_MODELS`` names another);
 * a folder written by :meth:`Surrogate.save`;
 * ``NAME@alias`` / ``models:/NAME@alias``, ``models:/NAME/VERSION``, ``models:/m-<logged model id>`` and
@@ -23,6 +23,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .config import FIDELITIES, LearnError
@@ -47,12 +48,12 @@ def model_name(fidelity: str) -> str:
 
 
 def models_dir() -> Path:
-    """Where the shipped models live: ``$HESPAS_ML_MODELS`` or ``models/`` beside the package."""
+    """Where the shipped models live: ``$HESPAS_ML_MODELS``, or the package's data (``hespas_ml/models``,
+    found with :mod:`importlib.resources`, so an installed wheel has them too)."""
     env = os.environ.get("HESPAS_ML_MODELS")
     if env:
         return Path(env).expanduser()
-    import hespas_ml
-    return Path(hespas_ml.__file__).resolve().parents[1] / "models"
+    return Path(str(resources.files("hespas_ml") / "models"))
 
 
 # ------------------------------------------------------------------------------------------------ loading

@@ -1,6 +1,6 @@
 """Hyper-parameter search of a surrogate with Optuna: one study per model and dataset, trials pruned early.
 
-A search space (``training/search/<fidelity>.yaml``) names :class:`~hespas_ml.learn.config.TrainConfig`
+A search space (``hespas_ml/learn/search_spaces/<fidelity>.yaml``) names :class:`~hespas_ml.learn.config.TrainConfig`
 fields and their ranges::
 
     trial_epochs: 40                  # epochs per trial (the retrained best uses the config's epochs)
@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -170,9 +171,9 @@ def load_space(path: str | os.PathLike[str]) -> SearchSpace:
 
 
 def default_space_path(fidelity: str) -> Path:
-    """``training/search/<fidelity>.yaml`` beside the package."""
-    import hespas_ml
-    return Path(hespas_ml.__file__).resolve().parents[1] / "training" / "search" / f"{fidelity}.yaml"
+    """The shipped search space of ``fidelity``: ``hespas_ml/learn/search_spaces/<fidelity>.yaml`` (package
+    data)."""
+    return Path(str(resources.files("hespas_ml.learn") / "search_spaces" / f"{fidelity}.yaml"))
 
 
 def optuna_storage(tracking_uri: str | os.PathLike[str] | None = None) -> str:

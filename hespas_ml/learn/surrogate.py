@@ -127,7 +127,7 @@ class Surrogate:
                         "val_median_ape": float(np.median(ape)), "val_p90_ape": float(np.quantile(ape, 0.9)),
                         "n_train_rows": int(len(train_rows)), "n_val_rows": int(len(val_rows)),
                         "n_train_regions": len(train), "n_val_regions": len(val)}
-        self.trained_on = {"dataset": str(dataset.path), "fidelity": c.fidelity,
+        self.trained_on = {"dataset": Path(dataset.path).name, "fidelity": c.fidelity,   # no machine's paths
                            "targets": sorted(set(train_rows["target"])),
                            "families": sorted({f for fams in train_rows["families"] for f in fams})}
         return self

@@ -1,4 +1,4 @@
-"""The shipped surrogates (``models/<fidelity>/``): they load fast, predict sane intervals, carry a model
+"""The shipped surrogates (``hespas_ml/models/<fidelity>/``): they load fast, predict sane intervals, carry a model
 card, and ``surrogate:<fidelity>`` uses them by default in the pipeline."""
 from __future__ import annotations
 
