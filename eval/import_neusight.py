@@ -1,7 +1,9 @@
 """Import NeuSight's measured GPU operator latencies as a measured dataset folder, with provenance.
 
-    python eval/import_neusight.py --mirror /work/.mirror/trsharm25+NeuSight/repo \
+    python eval/import_neusight.py --mirror NEUSIGHT_GIT_DIR \
         --out datasets/measured/neusight-db1fdc9 [--max-regions N] [--work out/neusight-db1fdc9]
+
+``NEUSIGHT_GIT_DIR``: the git directory of a clone of https://github.com/trsharm25/NeuSight (bare is fine).
 
 Reads the per-GPU operator files (``scripts/asplos/data/dataset/train/collect/<op>/p2.1.0/<Device>.csv``)
 and the bmm / linear test files of the NeuSight repository at the pinned commit straight from a git
@@ -65,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="processes that split the modules (default 1)")
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else Path("out") / Path(args.out).name
-    command = "python eval/import_neusight.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    given = list(argv if argv is not None else sys.argv[1:])
+    shown = ["NEUSIGHT_GIT_DIR" if a == args.mirror and i and given[i - 1] == "--mirror" else a
+             for i, a in enumerate(given)]                       # the clone's place is this machine's
+    command = "python eval/import_neusight.py " + " ".join(shlex.quote(a) for a in shown)
     started = time.perf_counter()
     try:
         texts, blobs = neusight_files(args.mirror, neusight.COMMIT)

@@ -159,7 +159,7 @@ def write_measured(out_dir: str | os.PathLike[str], tables_dir: str | os.PathLik
     for column in ("seconds", "noise", "label_s", "finished_at"):
         added[column] = [None if v is None else float(v) for v in added[column]]
     table = pa.concat_tables([before, pa.table(added, schema=before.schema)])
-    pq.write_table(table, tmp / "labels.parquet", compression="zstd")
+    pq.write_table(table, tmp / "labels.parquet", compression="zstd", compression_level=19)   # committed
     manifest = json.loads((source / "manifest.json").read_text())
     manifest["measured"] = summary
     write_manifest(tmp, manifest)
