@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 import platform
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -96,8 +97,6 @@ GPU_QUERY = ("name", "uuid", "driver_version", "vbios_version", "pci.bus_id", "m
 def gpu_facts() -> dict[str, str] | None:
     """The first NVIDIA GPU as ``nvidia-smi`` reports it (name, driver, clocks in MHz, power limit …, and
     the CUDA version the driver supports); None where there is no ``nvidia-smi`` or it fails."""
-    import subprocess
-
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20)

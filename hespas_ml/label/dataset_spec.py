@@ -99,7 +99,7 @@ class FidelitySpec:
         """The options labels of this fidelity depend on: those written, less those at the fidelity's own
         default (writing a default down changes nothing) and those that only change how the fidelity runs
         (its ``RUN_OPTIONS``: a time limit, a cache, a worker count)."""
-        cls = _fidelity_class(self.name)
+        cls = labeller_class(self.name)
         run = getattr(cls, "RUN_OPTIONS", ())
         return {k: v for k, v in options_off_default(cls, self.options).items() if k not in run}
 
@@ -117,7 +117,7 @@ class FidelitySpec:
         """The fingerprints folders recorded for these options before (all of version 1 labels): every
         option written (until 2026-11-25), then every option off its default, then the counted options."""
         return [_digest([self.name, self.options]),
-                _digest([self.name, options_off_default(_fidelity_class(self.name), self.options)]),
+                _digest([self.name, options_off_default(labeller_class(self.name), self.options)]),
                 _digest([self.name, self.counted_options()])]
 
 
@@ -358,10 +358,6 @@ def _systolic_check(refs: list[TargetRef], origin: str, key: str) -> None:
 
 # ------------------------------------------------------------------------------------------ fidelities
 
-def _fidelity_class(name: str):
-    return labeller_class(name)
-
-
 def _fidelity(name: str, data: Any, default_targets: list[TargetRef] | None, base: Path,
               origin: str) -> FidelitySpec:
     key = f"fidelities.{name}"
@@ -398,7 +394,7 @@ def _fidelity(name: str, data: Any, default_targets: list[TargetRef] | None, bas
         _systolic_check(targets, origin, f"{key}.targets")
     else:
         try:
-            cls = _fidelity_class(name)
+            cls = labeller_class(name)
         except HespasError as exc:
             raise _fail(origin, key, str(exc)) from None
         params = inspect.signature(cls).parameters
@@ -426,7 +422,7 @@ def _fidelities(value: Any, default_targets: list[TargetRef] | None, base: Path,
             raise _fail(origin, "fidelities", f"fidelity names are strings, got {name!r}")
         if name not in ("roofline", "scalesim"):
             try:
-                _fidelity_class(name)
+                labeller_class(name)
             except HespasError as exc:
                 raise _fail(origin, f"fidelities.{name}", str(exc)) from None
         out.append(_fidelity(name, options, default_targets, base, origin))

@@ -43,7 +43,7 @@ from ..host import machine_identity, package_version
 from ..ingest.errors import HespasError
 from .dataset_spec import DatasetSpec, FidelitySpec, TargetRef, load_spec, parse_programs
 from .profiling import ProfilingFidelity
-from .targets import HOST_CPU, load_target
+from .targets import load_target
 
 PHASES = ("regions", "steps", "held_out")
 DEFAULT_SHARES = {"regions": 0.55, "steps": 0.2, "held_out": 0.25}
@@ -179,6 +179,7 @@ def _region_texts(hashes: list[str], sources: dict[str, list[str]], order: dict[
     plan = cover_programs(set(hashes), sources, order)
     bar = progress_bar(len(hashes), "cut out regions", "region", progress)
     for source, wanted in plan:
+        bar.update(len(wanted))
         if not source:
             out.update({h: "!no program holds it" for h in wanted})
             continue
@@ -191,19 +192,8 @@ def _region_texts(hashes: list[str], sources: dict[str, list[str]], order: dict[
         for digest, module in zip(keys, extract_region_modules([found[h] for h in keys])):
             out[digest] = module if isinstance(module, str) else "!" + str(module.meta.get("reason"))
         out.update({h: "!not found in its program" for h in wanted if h not in found})
-        bar.update(len(wanted))
     bar.close()
     return out
-
-
-def shown_path(path: str | os.PathLike[str]) -> str:
-    """``path`` relative to the working folder when it lies inside it (no machine's absolute paths in
-    files that are committed), else as it is."""
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
 
 
 def _write_jsonl_gz(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -241,21 +231,22 @@ def _filtered_tables(work: Path, out: Path, hashes: set[str], target: str, sourc
         table = table.filter(mask(table))
         if name == "programs.parquet":
             table = table.set_column(table.schema.get_field_index("source"), "source",
-                                     _array_of([_relative(s) for s in table["source"].to_pylist()]))
+                                     _array_of([relative(s) for s in table["source"].to_pylist()]))
         if name == "regions.parquet":
             table = table.set_column(table.schema.get_field_index("programs"), "programs", _array_of(
-                [json.dumps([_relative(s) for s in json.loads(v)]) for v in table["programs"].to_pylist()]))
+                [json.dumps([relative(s) for s in json.loads(v)]) for v in table["programs"].to_pylist()]))
         pq.write_table(table, out / name, compression="zstd")
     manifest = json.loads((work / "manifest.json").read_text())
     manifest["plan"] = {"regions": len(hashes), "programs": len(sources)}
-    manifest["spec_path"] = shown_path(manifest.get("spec_path", ""))
+    manifest["spec_path"] = relative(manifest.get("spec_path", ""))
     write_manifest(out, manifest)
 
 
-def _relative(source: str) -> str:
-    """A program's source as the plan keeps it: a file path relative to the working folder (no machine's
+def relative(source: str | os.PathLike[str]) -> str:
+    """A path or program source as a plan keeps it: a file path relative to the working folder (no machine's
     absolute paths in a committed plan), a zoo spec as it is."""
-    return os.path.relpath(source) if source.startswith(os.sep) else source
+    text = str(source)
+    return os.path.relpath(text) if text.startswith(os.sep) else text
 
 
 def _array_of(values: list[str]):
@@ -286,7 +277,7 @@ def build_plan(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[str
     combined = DatasetSpec(path=Path(spec["path"]), name=f"plan-{spec['name']}", split=corpus.split,
                            programs=programs + extra,
                            fidelities=[FidelitySpec("roofline", [TargetRef(target)], {}, None, 512)],
-                           caps=corpus.caps, raw={"plan": shown_path(spec["path"]), "corpus": shown_path(corpus.path)})
+                           caps=corpus.caps, raw={"plan": relative(spec["path"]), "corpus": relative(corpus.path)})
     work = Path(work_dir)
     build_dataset(combined, work, workers=workers, progress=progress)
     ds = load_dataset(work)
@@ -369,7 +360,7 @@ def build_plan(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[str
     for s in step_lines:
         counts[f"programs_{s['phase']}"] += 1
     plan = {"format": PLAN_FORMAT, "name": spec["name"], "description": spec["description"], "target": target,
-            "spec": shown_path(spec["path"]), "corpus": shown_path(corpus.path), "split": corpus.split,
+            "spec": relative(spec["path"]), "corpus": relative(corpus.path), "split": corpus.split,
             "profiling": spec["profiling"], "step_measure_s": spec["step_measure_s"], "shares": spec["shares"],
             "counts": dict(counts), "skipped": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "made_with": {"hespas_ml": package_version("hespas-ml"), "jax": package_version("jax"),

@@ -158,7 +158,7 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         size = chunk or max(4, fid.batch_size(target))
 
         def time_regions(items: list[dict[str, Any]], until: float, phase: str) -> int:
-            n = 0
+            n, began = 0, clock()
             todo = [it for it in items if todo_label(it)]
             while todo and clock() < until:
                 part, todo = todo[:size], todo[size:]
@@ -169,9 +169,8 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                     labels_out.write(_label_row(item, label, target.name, each))
                     done_labels[item["hash"]] = label.status
                 n += len(part)
-                left = sum(1 for it in items if todo_label(it))
-                rate = n / max(1e-9, clock() - phase_start[0])
-                log(f"{phase}: {n} regions timed this call, {left} left ({rate:.1f}/s)")
+                rate = n / max(1e-9, clock() - began)
+                log(f"{phase}: {n} regions timed this call, {len(todo)} left ({rate:.1f}/s)")
             return n
 
         def time_programs(items: list[dict[str, Any]], until: float, phase: str) -> int:
@@ -201,34 +200,27 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                 log(f"{phase}: {item['source']}: {shown}")
             return n
 
+        # a phase's whole programs first (a held-out program's step time before its regions), then its regions
+        phase_programs = {p: [q for q in programs if q["phase"] == p] for p in PHASES}
+        phase_regions = {p: [r for r in regions if r["phase"] == p] for p in PHASES}
+
         def work(phase: str, until: float) -> int:
-            if phase == "regions":
-                return time_regions([r for r in regions if r["phase"] == "regions"], until, phase)
-            if phase == "steps":
-                return time_programs([p for p in programs if p["phase"] == "steps"], until, phase)
-            n = time_programs([p for p in programs if p["phase"] == "held_out"], until, phase)
-            return n + time_regions([r for r in regions if r["phase"] == "held_out"], until, phase)
+            n = time_programs(phase_programs[phase], until, phase)
+            return n + time_regions(phase_regions[phase], until, phase)
 
         def left(phase: str) -> int:
-            if phase == "regions":
-                return sum(1 for r in regions if r["phase"] == "regions" and todo_label(r))
-            if phase == "steps":
-                return sum(1 for p in programs if p["phase"] == "steps" and todo_step(p))
-            return (sum(1 for p in programs if p["phase"] == "held_out" and todo_step(p))
-                    + sum(1 for r in regions if r["phase"] == "held_out" and todo_label(r)))
+            return (sum(1 for q in phase_programs[phase] if todo_step(q))
+                    + sum(1 for r in phase_regions[phase] if todo_label(r)))
 
         shares = plan.get("shares") or {p: 1 / len(PHASES) for p in PHASES}
-        phase_start = [clock()]
         carried = 0.0
         for phase in phases:
-            phase_start[0] = clock()
-            until = min(deadline, phase_start[0] + shares.get(phase, 0.0) * budget_s + carried)
+            until = min(deadline, clock() + shares.get(phase, 0.0) * budget_s + carried)
             if left(phase):
                 record["done"][phase] = record["done"].get(phase, 0) + work(phase, until)
             carried = max(0.0, until - clock())
         for phase in phases:                     # time left over: back to what is not finished, in order
             if clock() < deadline and left(phase):
-                phase_start[0] = clock()
                 record["done"][phase] = record["done"].get(phase, 0) + work(phase, deadline)
         record["left"] = {p: left(p) for p in PHASES}
         record["wall_s"] = clock() - start

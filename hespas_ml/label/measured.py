@@ -89,9 +89,6 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
                out_dir: str | os.PathLike[str], *, command: str = "") -> dict[str, Any]:
     """Write the measured dataset of ``plan_dir``'s runs (``results`` folders, later ones winning) to
     ``out_dir`` (replaced). Returns counts."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     plan_path = Path(plan_dir)
     try:
         plan = json.loads((plan_path / "plan.json").read_text())

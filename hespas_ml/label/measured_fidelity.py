@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from ..ingest.graph import program_users
+from ..split.signature import region_signature
 from .fidelity import FidelityError, Label
 
 MEASURED_ENV = "HESPAS_ML_MEASURED"
@@ -83,24 +84,22 @@ class MeasuredFidelity:
         return self.label_regions([region], target)[0]
 
     def label_regions(self, regions, target) -> list[Label]:
-        from ..ingest.graph import program_users
-        from ..split.signature import region_signature
-
         name = getattr(target, "name", str(target))
         known = self._labels_on(name)
-        users: dict[int, list[list[int]]] = {}
+        users: dict[int, list[list[int]]] = {}          # per program, worked out once
         labels, missing = [], 0
         for region in regions:
             graph = region.graph
-            digest = region_signature(region, users.setdefault(id(graph), program_users(graph)))
+            if id(graph) not in users:
+                users[id(graph)] = program_users(graph)
+            digest = region_signature(region, users[id(graph)])
             rows = known.get(digest)
             if not rows:
                 missing += 1
                 labels.append(Label(math.nan, "failed", {"reason": f"no label measured on {name}", "hash": digest}))
                 continue
-            times = sorted(s for s, _ in rows)
-            labels.append(Label(float(np.median(times)), "ok",
-                                {"hash": digest, "measurements": len(times),
+            labels.append(Label(statistics.median(s for s, _ in rows), "ok",
+                                {"hash": digest, "measurements": len(rows),
                                  "sources": sorted({f for _, f in rows}), "bound": "measured"}))
         if missing:
             where = ", ".join(str(f) for f in self.folders) or "no measured folders"

@@ -115,27 +115,26 @@ class Measurement:
 
 # ------------------------------------------------------------------------------------------- reading
 
-def _whole(value: str, path: str, row: int, column: str) -> int:
+def _number(value: str, path: str, row: int, column: str) -> tuple[float, str]:
+    """A cell as a number, and its text; NeuSightError for an empty or non-numeric cell."""
     text = (value or "").strip()
     if not text:
         raise NeuSightError(f"{path}: row {row}: column '{column}' is empty")
     try:
-        number = float(text)
+        return float(text), text
     except ValueError:
         raise NeuSightError(f"{path}: row {row}: column '{column}' is not a number: {text!r}") from None
+
+
+def _whole(value: str, path: str, row: int, column: str) -> int:
+    number, text = _number(value, path, row, column)
     if not math.isfinite(number) or number != int(number) or number < 0:
         raise NeuSightError(f"{path}: row {row}: column '{column}' is not a whole number >= 0: {text!r}")
     return int(number)
 
 
 def _latency_ms(value: str, path: str, row: int) -> float:
-    text = (value or "").strip()
-    if not text:
-        raise NeuSightError(f"{path}: row {row}: column 'Latency' is empty")
-    try:
-        number = float(text)
-    except ValueError:
-        raise NeuSightError(f"{path}: row {row}: column 'Latency' is not a number: {text!r}") from None
+    number, text = _number(value, path, row, "Latency")
     if not math.isfinite(number) or number <= 0:
         raise NeuSightError(f"{path}: row {row}: column 'Latency' must be a positive number of ms, got {text!r}")
     return number

@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..host import package_version
+
 CORES_ENV = "HESPAS_ML_PROFILE_CORES"     # set by the parent: run on that many cores (see pin_cores)
 TRIVIAL_MODULE = """func.func @main(%a: tensor<f32>) -> tensor<f32> {
   %0 = stablehlo.add %a, %a : tensor<f32>
@@ -258,7 +260,7 @@ class Profiler:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         facts = {"backend": self.backend.platform, "device_kind": self.device.device_kind, "cores": cores,
                  "platform_version": self.backend.platform_version, "jax_version": self.jax.__version__,
-                 "jaxlib_version": _version("jaxlib"), "overhead_s": self.overhead_s,
+                 "jaxlib_version": package_version("jaxlib"), "overhead_s": self.overhead_s,
                  "timing": "pipelined" if self.pipelined else "blocking"}
         for name in ("compute_capability", "core_count"):     # GPU devices only
             value = getattr(self.device, name, None)
@@ -356,14 +358,6 @@ class ProfileError(Exception):
 
     def result(self) -> dict[str, Any]:
         return {"error": self.reason, "kind": self.kind}
-
-
-def _version(package: str) -> str:
-    try:
-        from importlib import metadata
-        return metadata.version(package)
-    except Exception:  # noqa: BLE001 - an unknown version is not a reason to fail
-        return "unknown"
 
 
 def _cost(exe) -> dict[str, float]:

@@ -166,25 +166,24 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
                 if split == "linear":
                     current = region
         region_of_group[gi] = region.id
-    # Dependencies from dataflow. Free ops (reshape, broadcast, constants …) that fusion copies into
-    # several kernels are looked through: a kernel depends on whoever produced the free op's inputs.
-    region_of_op = [region_of_group[group_of[i]] for i in range(len(ops))]
+    _link(graph, regions, [region_of_group[group_of[i]] for i in range(len(ops))], chained=split == "linear")
+    return RegionGraph(graph, regions, split)
+
+
+def _link(graph: OpGraph, regions: list[Region], region_of_op: list[int], chained: bool) -> None:
+    """Give each region its dependencies, from dataflow: free ops (reshape, broadcast, constants …) that
+    fusion copies into several kernels are looked through, so a kernel depends on whoever produced the free
+    op's inputs. ``chained``: the split keeps program order, each region following the previous one."""
+    ops = graph.ops
     sources = _dependency_sources(graph)
     for r in regions:
-        deps: set[int] = set()
-        for i in r.op_ids:
-            for p in ops[i].operands:
-                for q in sources(p):
-                    d = region_of_op[q]
-                    if d != r.id:
-                        deps.add(d)
-        if split == "linear" and r.id > 0:
-            deps.add(r.id - 1)      # a linear split keeps program order: each region follows the previous
+        deps = {region_of_op[q] for i in r.op_ids for p in ops[i].operands for q in sources(p)}
+        if chained and r.id > 0:
+            deps.add(r.id - 1)
+        deps.discard(r.id)
         r.deps = sorted(deps)
         r.op_ids.sort()
-    for r in regions:
         r.graph = graph
-    return RegionGraph(graph, regions, split)
 
 
 def _hespas_regions(graph: OpGraph, costs, users: list[list[int]]) -> RegionGraph:
@@ -214,14 +213,7 @@ def _hespas_regions(graph: OpGraph, costs, users: list[list[int]]) -> RegionGrap
         for i in region.op_ids:
             region_of_op[i] = region.id
         regions.append(region)
-    sources = _dependency_sources(graph)
-    for r in regions:
-        deps = {region_of_op[q] for i in r.op_ids for p in ops[i].operands for q in sources(p)}
-        if r.id > 0:
-            deps.add(r.id - 1)                   # blocks run one after another, as Hespas chains them
-        deps.discard(r.id)
-        r.deps = sorted(deps)
-        r.graph = graph
+    _link(graph, regions, region_of_op, chained=True)       # blocks run one after another, as Hespas chains them
     return RegionGraph(graph, regions, "hespas")
 
 
