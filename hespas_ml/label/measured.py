@@ -56,6 +56,18 @@ def _merge(results: Iterable[Path], name: str, key: str) -> dict[str, dict[str, 
     return rows
 
 
+def in_program(seconds: float, meta: str | None) -> float:
+    """A measured region's time inside a program: ``seconds`` less the dispatch overhead recorded in its
+    label's ``meta`` (JSON), never below zero; as it is where none was recorded."""
+    if not meta or "overhead_s" not in meta:
+        return seconds
+    try:
+        overhead = float(json.loads(meta).get("overhead_s") or 0.0)
+    except (ValueError, TypeError, AttributeError):
+        return seconds
+    return max(0.0, seconds - overhead)
+
+
 def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
               labels: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """``steps.csv``'s rows: each timed program against the sum of its measured region labels."""
@@ -69,9 +81,8 @@ def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
         for digest, n in prog["regions"]:
             lab = labels.get(digest)
             if lab is not None and lab.get("status") == "ok":
-                meta = json.loads(lab.get("meta") or "{}")
                 total += n * lab["seconds"]
-                less += n * max(0.0, lab["seconds"] - float(meta.get("overhead_s") or 0.0))
+                less += n * in_program(lab["seconds"], lab.get("meta"))
                 covered += n
         meta = json.loads(step.get("meta") or "{}")
         out.append({"id": prog["id"], "source": prog["source"], "family": prog["family"], "phase": prog["phase"],
@@ -106,6 +117,14 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
         if row.get("target") != plan["target"]:
             raise MeasuredError(f"{plan_path}: the results were measured on {row.get('target')}, the plan is for "
                                 f"{plan['target']} (a rehearsal is not a measurement of the target)")
+    wanted_flags = _xla_flags({"meta": json.dumps({"xla_flags": (plan.get("profiling") or {}).get("xla_flags")})})
+    for row in [*labels.values(), *steps.values()]:
+        flags = _xla_flags(row)
+        if flags != wanted_flags:
+            what = f"region {row['hash'][:12]}…" if "hash" in row else f"program {row.get('source')}"
+            raise MeasuredError(f"{plan_path}: {what} was timed with XLA_FLAGS {flags or '(none)'}, the plan with "
+                                f"{wanted_flags or '(none)'}: XLA flags change the kernels it compiles, so those "
+                                "times are not this plan's measurement")
     for digest, row in labels.items():
         mine = planned.get(digest)
         if mine is None or mine["module_sha256"] != row.get("module_sha256"):
@@ -123,6 +142,21 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
                "labels_ok": sum(1 for r in labels.values() if r["status"] == "ok"), "steps": len(rows)}
     write_measured(out_dir, plan_path, list(labels.values()), summary, extra)
     return summary
+
+
+# XLA flags that say where XLA keeps its autotuning results, not which kernels it picks: a run that reuses
+# an earlier run's results on the same device and XLA compiles what it would have compiled
+NEUTRAL_XLA_FLAGS = ("--xla_gpu_per_fusion_autotune_cache_dir=", "--xla_gpu_experimental_autotune_cache_mode=")
+
+
+def _xla_flags(row: dict[str, Any]) -> str | None:
+    """The XLA flags that change what a result row of a device run timed (None: XLA's own settings)."""
+    try:
+        meta = json.loads(row.get("meta") or "{}")
+    except ValueError:
+        return None
+    flags = [f for f in (meta.get("xla_flags") or "").split() if not f.startswith(NEUTRAL_XLA_FLAGS)]
+    return " ".join(flags) or None
 
 
 def csv_text(rows: list[dict[str, Any]], columns) -> str:
@@ -212,4 +246,4 @@ def readme(plan: dict[str, Any], runs: list[dict[str, Any]], labels: dict[str, d
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MeasuredError", "STEP_COLUMNS", "csv_text", "import_run", "step_rows", "write_measured"]
+__all__ = ["MeasuredError", "STEP_COLUMNS", "csv_text", "import_run", "in_program", "step_rows", "write_measured"]

@@ -2,7 +2,11 @@
 
 The labels come from measured dataset folders (:mod:`hespas_ml.label.measured`; ``datasets/measured/``): a
 region's time is the median of the ok profiling labels measured on the target for a region of the same
-structural hash (:mod:`hespas_ml.split.signature`). It answers for a program only when every one of its
+structural hash (:mod:`hespas_ml.split.signature`), less the dispatch overhead its measurement recorded
+(``overhead_s``: one execution of a trivial module on the same device). A region timed on its own pays one
+launch of a whole executable per execution; inside a program it is a kernel among others, launched with
+them. Labels that record no overhead (profiles of whole programs, another project's kernel times) are taken
+as they are. It answers for a program only when every one of its
 compute regions was measured there, and otherwise says how many were not (a surrogate answers for the rest
 of the world).
 """
@@ -17,6 +21,7 @@ from typing import Any
 from ..ingest.graph import program_users
 from ..split.signature import region_signature
 from .fidelity import FidelityError, Label
+from .measured import in_program
 
 MEASURED_ENV = "HESPAS_ML_MEASURED"
 
@@ -59,12 +64,13 @@ class MeasuredFidelity:
             found: dict[str, list[tuple[float, str]]] = {}
             for folder in self.folders:
                 table = pq.read_table(folder / "labels.parquet", columns=["hash", "target", "fidelity", "seconds",
-                                                                          "status"])
+                                                                          "status", "meta"])
                 mask = pc.and_(pc.and_(pc.equal(table["target"], target), pc.equal(table["fidelity"], "profiling")),
                                pc.equal(table["status"], "ok"))
                 part = table.filter(mask)
-                for digest, seconds in zip(part["hash"].to_pylist(), part["seconds"].to_pylist()):
-                    found.setdefault(digest, []).append((float(seconds), folder.name))
+                for digest, seconds, meta in zip(part["hash"].to_pylist(), part["seconds"].to_pylist(),
+                                                 part["meta"].to_pylist()):
+                    found.setdefault(digest, []).append((in_program(float(seconds), meta), folder.name))
             self._index[target] = found
         return self._index[target]
 

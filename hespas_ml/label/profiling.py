@@ -93,7 +93,7 @@ PROVENANCE_KEYS = ("jaxlib_version", "platform_version", "timing", "compute_capa
                    "memory_bytes", "cores")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
-SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed")
+SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed", "xla_flags")
 # the worker's glibc keeps freed memory: one arena, no mmap, no trim (see **Memory** above; ignored elsewhere)
 WORKER_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
                      "MALLOC_TRIM_THRESHOLD_": str(8 << 30)}
@@ -121,6 +121,8 @@ class ProfilingFidelity:
     ``compile_threads``: modules compiled at once, ahead of their timings (None: up to 8 on a GPU, where
     XLA's compile and autotuning take longer than a timing; 1 on the CPU, one module at a time).
     ``statistic``: ``median`` (default) or ``min`` of the samples (then sampling never stops early).
+    ``xla_flags``: the worker's ``XLA_FLAGS`` (default none, XLA's own settings; e.g.
+    ``--xla_gpu_autotune_level=0`` compiles without autotuning), recorded with every label it takes.
     ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
     median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
     time. ``lock_timeout_s``: how long to wait for
@@ -140,7 +142,7 @@ class ProfilingFidelity:
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
                  cache_max_noise: float = 0.10, cores: int | None = 1, statistic: str = "median",
-                 compile_threads: int | None = None):
+                 compile_threads: int | None = None, xla_flags: str | None = None):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):
@@ -154,11 +156,16 @@ class ProfilingFidelity:
                                             or compile_threads < 1):
             raise FidelityError(f"profiling: compile_threads must be a whole number >= 1 (or null: automatic), "
                                 f"got {compile_threads!r}")
+        if xla_flags is not None and (not isinstance(xla_flags, str) or not all(
+                f.startswith("--xla_") for f in xla_flags.split())):
+            raise FidelityError(f"profiling: xla_flags must be XLA flags (--xla_...) separated by spaces, "
+                                f"got {xla_flags!r}")
         if statistic not in STATISTICS:
             raise FidelityError(f"profiling: statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
         self.statistic = statistic
         self.cores = cores
         self.compile_threads = compile_threads
+        self.xla_flags = xla_flags or None
         self.budget_s = float(budget_s)
         self.measure_s = float(measure_s)
         self.min_repeats, self.max_repeats = min_repeats, max_repeats
@@ -305,8 +312,10 @@ class ProfilingFidelity:
         """The worker that runs on ``target``'s hardware; FidelityError if this machine is not it."""
         name = getattr(target, "name", str(target))
         if name == HOST_CPU:
-            return self._workers.setdefault("cpu", _Worker(self.lock_path(), platforms="cpu", cores=self.cores))
-        worker = self._workers.setdefault("default", _Worker(self.lock_path(), platforms=None))
+            return self._workers.setdefault("cpu", _Worker(self.lock_path(), platforms="cpu", cores=self.cores,
+                                                                 xla_flags=self.xla_flags))
+        worker = self._workers.setdefault("default", _Worker(self.lock_path(), platforms=None,
+                                                                 xla_flags=self.xla_flags))
         try:
             info = worker.info()
         except FidelityError as exc:
@@ -377,6 +386,8 @@ class ProfilingFidelity:
             if info.get("backend") in GPU_BACKENDS:
                 facts.update({f"gpu_{k}": v for k, v in (gpu_facts() or {}).items()})
             facts["machine"] = machine_identity()
+            if self.xla_flags:
+                facts["xla_flags"] = self.xla_flags
             self._provenance_key, self._provenance = key, facts
         return dict(self._provenance)
 
@@ -501,8 +512,10 @@ def _same_gpu(target_name: str, device_kind: str) -> bool:
 class _Worker:
     """The profiling worker process: started on first use, restarted after a kill or a crash."""
 
-    def __init__(self, lock_path: str, platforms: str | None, cores: int | None = None):
+    def __init__(self, lock_path: str, platforms: str | None, cores: int | None = None,
+                 xla_flags: str | None = None):
         self.lock_path = lock_path
+        self.xla_flags = xla_flags
         self.platforms = platforms
         self.cores = cores
         self.proc: subprocess.Popen | None = None
@@ -636,6 +649,8 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         env.pop("XLA_FLAGS", None)                 # no fake device counts: one real device
+        if self.xla_flags:
+            env["XLA_FLAGS"] = self.xla_flags
         env.update(WORKER_MALLOC_ENV)
         if self.platforms:
             env["JAX_PLATFORMS"] = self.platforms

@@ -16,6 +16,7 @@ import pytest
 from hespas_ml.label.dataset import load_dataset
 from hespas_ml.label.device_plan import PlanError, build_plan, load_plan_spec, read_jsonl_gz, sample_strata
 from hespas_ml.label.device_run import RunError, read_lines, run_plan
+from hespas_ml.label.fidelity import FidelityError
 from hespas_ml.label.measured import MeasuredError, import_run
 from hespas_ml.label.profiling import ProfilingFidelity
 from hespas_ml.label.profiling_worker import measure
@@ -173,13 +174,13 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
     runs = json.loads((measured / "provenance.json").read_text())["runs"]
     assert len(runs) == 2 and runs[0]["device"]["machine"]["cpu_fingerprint"]
 
-    # the measured fidelity answers a step program from these labels: its compute is their sum
+    # the measured fidelity answers a step program from these labels: its compute is their sum, each less
+    # the dispatch overhead of its own measurement
     from hespas_ml import simulate
-    from hespas_ml.label.fidelity import FidelityError
     step = table.iloc[0]
     res = simulate(step["source"], target="host-cpu", fidelity="measured", fidelity_options={"folders": [measured]})
     assert res.fidelity == "measured"
-    assert res.step_time_s == pytest.approx(step["region_sum_s"], rel=1e-6, abs=2e-6)   # whole µs in traces
+    assert res.step_time_s == pytest.approx(step["region_sum_less_overhead_s"], rel=1e-6, abs=2e-6)  # whole µs
     assert {r.bound for r in res.regions} == {"measured"}
     # a program with regions nobody measured is refused, saying how many
     with pytest.raises(FidelityError, match=r"measured: \d+ of \d+ compute regions have no label measured on "
@@ -301,3 +302,37 @@ def test_gpu_facts_read_the_drivers_report(tmp_path, monkeypatch):
         assert gpu_facts() is None
     finally:
         gpu_facts.cache_clear()
+
+
+def test_xla_flags_reach_the_worker_and_their_times_are_not_the_plans(plan, tmp_path):
+    """A run with XLA flags the plan does not name (an override on the command line) records them with
+    every label; collecting it for the plan is refused, since the flags change what XLA compiles."""
+    folder, _ = plan
+    with pytest.raises(FidelityError, match="xla_flags must be XLA flags"):
+        ProfilingFidelity(xla_flags="-O3")
+    host = load_target("host-cpu")
+    with ProfilingFidelity(cache=False, measure_s=0.05, xla_flags="--xla_no_such_flag=1") as fid:
+        with pytest.raises(FidelityError, match="Unknown flag in XLA_FLAGS: --xla_no_such_flag"):
+            fid.label_modules([read_jsonl_gz(folder / "plan" / "regions.jsonl.gz")[0]["text"]], host)
+    out = tmp_path / "results"
+    run_plan(folder / "plan", out, budget_s=3, phases=("regions",), echo=None,
+             options={"xla_flags": "--xla_gpu_autotune_level=0"})
+    rows = read_lines(out / "labels.jsonl")
+    assert rows and all(json.loads(r["meta"])["xla_flags"] == "--xla_gpu_autotune_level=0" for r in rows)
+    with pytest.raises(MeasuredError, match="timed with XLA_FLAGS --xla_gpu_autotune_level=0, the plan with"):
+        import_run(folder / "plan", [out], tmp_path / "measured")
+    # where XLA keeps its autotuning results is not which kernels it picks: such a run is collected
+    cached = tmp_path / "cached"
+    run_plan(folder / "plan", cached, budget_s=3, phases=("regions",), echo=None,
+             options={"xla_flags": f"--xla_gpu_per_fusion_autotune_cache_dir={tmp_path / 'autotune'}"})
+    assert import_run(folder / "plan", [cached], tmp_path / "measured")["labels_ok"] > 0
+    # the two runs compared region by region, and a plan cut from the first to time its regions again
+    compared = script("compare.py", str(out), str(cached))
+    assert compared.returncode == 0, compared.stderr
+    both = len({r["hash"] for r in rows} & {r["hash"] for r in read_lines(cached / "labels.jsonl")})
+    assert f"regions timed in both: {both} (XLA_FLAGS base --xla_gpu_autotune_level=0" in compared.stdout
+    cut = script("subplan.py", "--plan", str(folder / "plan"), "--from", str(out), "--regions", "2",
+                 "--out", str(tmp_path / "cut"))
+    assert cut.returncode == 0, cut.stderr
+    assert json.loads(cut.stdout)["regions"] == 2
+    assert [r["hash"] for r in read_jsonl_gz(tmp_path / "cut" / "regions.jsonl.gz")] == [r["hash"] for r in rows[:2]]
