@@ -19,6 +19,10 @@ def register(sub) -> None:
     p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
     p.add_argument("--split", default="fusion", choices=SPLITS,
                    help="how the program is cut into compute regions (default: fusion)")
+    p.add_argument("--fallback", default="auto", choices=["auto", "labeller", "roofline", "off"],
+                   help="with --fidelity surrogate:…, who answers regions outside what the model learned: "
+                        "its labeller where it runs here, else the roofline (auto, the default); the labeller; "
+                        "the roofline; or the surrogate itself with a widened interval (off)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"],
                    help="network replay: the real ASTRA-sim binary if found (auto), or our embedded one")
     p.add_argument("--astra-sim-bin", help="path to AstraSim_Analytical_Congestion_Unaware (or _Aware)")
@@ -66,8 +70,12 @@ def _si(value: float, unit: str) -> str:
 def cmd_simulate(args) -> int:
     from ..pipeline import simulate
 
+    from ..fidelities import surrogate_model
+
+    learned = surrogate_model(args.fidelity) is not None
     res = simulate(args.program, target=args.target, system=args.system, fidelity=args.fidelity,
-                   split=args.split, replay=args.replay, astra_sim_bin=args.astra_sim_bin, out=args.out)
+                   split=args.split, replay=args.replay, astra_sim_bin=args.astra_sim_bin, out=args.out,
+                   fidelity_options={"fallback": args.fallback} if learned else None)
     if args.json:
         print(json.dumps(res.to_dict(top=args.top), indent=2))
         return 0

@@ -58,11 +58,7 @@ def make_fidelity(fs: FidelitySpec, workers: int):
         return RooflineFidelity()
     if fs.name == "scalesim":
         from .scalesim import ScaleSimFidelity
-        from .scalesim_worker import Budget
-        o = fs.options
-        budget = Budget(seconds=o.get("budget_s", 30.0), memory_bytes=int(o.get("memory_gb", 2.0) * 2**30))
-        return ScaleSimFidelity(budget=budget, mode=o.get("mode", "auto"),
-                                analytical_tail=o.get("analytical_tail", True), workers=o.get("workers", workers))
+        return ScaleSimFidelity.from_options(fs.options, workers)
     return get_labeller(fs.name, **fs.options)
 
 

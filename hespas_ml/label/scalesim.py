@@ -414,7 +414,23 @@ class ScaleSimFidelity:
         self.on_worker_start = on_worker_start
         self.stats = {"simulated": 0, "cached": 0, "analytical": 0, "failed": 0}
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any], workers: int | None = None) -> "ScaleSimFidelity":
+        """The labeller a dataset spec's ``scalesim`` options describe (``budget_s``, ``memory_gb``,
+        ``mode``, ``analytical_tail``, ``workers``)."""
+        budget = Budget(seconds=options.get("budget_s", Budget.seconds),
+                        memory_bytes=int(options.get("memory_gb", Budget.memory_bytes / 2**30) * 2**30))
+        return cls(budget=budget, mode=options.get("mode", "auto"),
+                   analytical_tail=options.get("analytical_tail", True), workers=options.get("workers", workers))
+
     # -- public interface ---------------------------------------------------------------------------
+
+    def planned_modes(self, regions: Sequence, target: Target) -> list[list[str]]:
+        """Per region, the mode each of its GEMMs starts in under this labeller's budget and mode (what
+        :meth:`label_regions` would try first, before any overrun), without running SCALE-Sim."""
+        self.check_target(target)
+        return [[self._chain(g["split"].gemm, g["array"])[0] for kernel in self._plan(region, target)
+                 for g in kernel["gemms"]] for region in regions]
 
     def check_target(self, target: Target) -> None:
         """SCALE-Sim simulates systolic arrays: FidelityError for a target without them."""

@@ -23,13 +23,15 @@ from .config import LearnError
 @dataclass
 class Prediction:
     """Per record: ``seconds`` (the point prediction) and the interval ``[lower, upper]``; ``spread``
-    (the members' standard deviation of log-seconds) and ``roofline`` (the analytical estimate) too."""
+    (the members' standard deviation of log-seconds), ``roofline`` (the analytical estimate) and, where the
+    model knows its training domain, ``outside`` (why a record lies outside it; empty when inside) too."""
 
     seconds: np.ndarray
     lower: np.ndarray
     upper: np.ndarray
     spread: np.ndarray = field(default_factory=lambda: np.zeros(0))
     roofline: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    outside: list[list[str]] = field(default_factory=list)   # per record, why it is outside the training domain
 
     def __len__(self) -> int:
         return len(self.seconds)

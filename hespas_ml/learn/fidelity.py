@@ -11,15 +11,26 @@ All regions of a call are featurised and predicted together, and identical regio
 signature) once. Each label's ``meta`` holds the interval: ``lower_s`` / ``upper_s`` (also as
 ``interval``), its nominal ``coverage``, the ensemble ``spread`` (log-seconds), the analytical
 ``roofline_s`` and the ``model`` used.
+
+**Outside what it learned.** A model that knows its training domain (:mod:`hespas_ml.learn.domain`) marks
+each label ``in_domain``, and names in ``outside`` why a region is not. Such a region's interval is widened
+to the domain's ``ood_half_width`` (what held-out families and sizes showed) and every such label carries
+one ``caveat`` line saying how many regions of the call were outside and why. ``fallback`` decides who
+answers them: ``off`` keeps the surrogate's (widened) answer; ``labeller`` the fidelity the model learned
+(SCALE-Sim, the profiler: only where it can run here for that target); ``roofline`` the analytical roofline;
+``auto`` the labeller where it can run, else the roofline. A label answered so says ``bound:
+fallback:<fidelity>`` and keeps the surrogate's own answer as ``surrogate_s``.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..label.fidelity import FidelityError, Label
+from ..label.registry import get_labeller
 from ..label.scalesim import require_systolic
 from .config import LearnError
 from .features import HW_FEATURES, hardware_vector, resolve_target
@@ -31,6 +42,7 @@ _CACHE: dict[tuple, LoadedModel] = {}
 # box rates ~5-10 % apart from one measurement to the next
 HOST_TOLERANCE = 0.1
 _LOCK = threading.Lock()
+FALLBACKS = ("auto", "labeller", "roofline", "off")
 
 
 def _cache_key(ref, tracking_uri) -> tuple | None:
@@ -68,11 +80,16 @@ class SurrogateFidelity:
 
     ``model``: a fidelity name (the shipped model), a saved folder, a registry reference, or a
     :class:`~hespas_ml.learn.surrogate.Surrogate`. ``tracking_uri``: the MLflow store of registry
-    references (default ``$HESPAS_ML_TRACKING_URI`` or ``./mlruns``).
+    references (default ``$HESPAS_ML_TRACKING_URI`` or ``./mlruns``). ``fallback``: who answers regions
+    outside the model's training domain (one of :data:`FALLBACKS`; see the module docstring).
     """
 
     def __init__(self, model: str | os.PathLike[str] | Surrogate = "roofline",
-                 tracking_uri: str | os.PathLike[str] | None = None):
+                 tracking_uri: str | os.PathLike[str] | None = None, fallback: str = "off"):
+        if fallback not in FALLBACKS:
+            raise FidelityError(f"surrogate: fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+        self.fallback = fallback
+        self._fallbacks: dict[str, Any] = {}
         if isinstance(model, Surrogate):
             self.surrogate, self.source, self.load_s = model, "in-memory", 0.0
             self.name = f"surrogate:{model.config.fidelity}"
@@ -144,22 +161,105 @@ class SurrogateFidelity:
         target = resolve_target(target)
         self.check_target(target)
         pred = self.surrogate.predict_regions(regions, target)
+        if len(pred.outside) == len(pred.seconds):
+            pred.outside = [[*reasons, *more] for reasons, more in
+                            zip(pred.outside, self._label_mode_changes(regions, target))]
+            self.surrogate.domain.widen(pred)
         caveat = self.caveat(target)
         seen = target.name in self.trained_targets and caveat is None if self.trained_targets else None
         coverage = self.surrogate.calibration.coverage
         roof = pred.roofline if len(pred.roofline) == len(pred.seconds) else None
+        outside = pred.outside if len(pred.outside) == len(pred.seconds) else None
         out = []
         for i in range(len(pred.seconds)):
             lo, s, hi = float(pred.lower[i]), float(pred.seconds[i]), float(pred.upper[i])
-            meta: dict[str, Any] = {"lower_s": lo, "upper_s": hi, "interval": (lo, hi), "coverage": coverage,
+            meta: dict[str, Any] = {"coverage": coverage,
                                     "spread": float(pred.spread[i]) if len(pred.spread) else 0.0,
                                     "model": self.source, "bound": "learned", "seen_target": seen}
+            if outside is not None:
+                meta["in_domain"] = not outside[i]
+                if outside[i]:
+                    meta["outside"] = list(outside[i])
+            meta.update(lower_s=lo, upper_s=hi, interval=(lo, hi))
             if roof is not None:
                 meta["roofline_s"] = float(roof[i])
             if caveat is not None:
                 meta["caveat"] = caveat
             out.append(Label(s, "ok", meta))
+        away = [i for i, lab in enumerate(out) if lab.meta.get("in_domain") is False]
+        if away:
+            self._answer_outside(regions, out, away, target)
         return out
+
+    def _label_mode_changes(self, regions: list, target) -> list[list[str]]:
+        """Per region, where the labeller the model stands for (its fidelity at its default options)
+        would label it in another way than the labels the model learned: a SCALE-Sim layer it simulates
+        in full (memory stalls and all) that the learned labels' budget simulated without them."""
+        learned = self.surrogate.domain.label_options if self.surrogate.domain is not None else None
+        if self.fidelity != "scalesim" or learned is None:
+            return [[] for _ in regions]
+        from ..label.scalesim import ScaleSimFidelity
+        from ..label.scalesim_worker import MODES
+
+        rank = {m: i for i, m in enumerate(MODES)}
+        then = ScaleSimFidelity.from_options(learned, workers=1).planned_modes(regions, target)
+        now = ScaleSimFidelity().planned_modes(regions, target)
+        budget = learned.get("budget_s")
+        out = []
+        for before, after in zip(then, now):
+            deeper = sorted({f"{b} -> {a}" for b, a in zip(before, after) if rank[a] < rank[b]})
+            out.append([f"label mode {', '.join(deeper)}: the labeller simulates it in more detail than the labels "
+                        f"learned ({budget} s budget)"] if deeper else [])
+        return out
+
+    def _fallback_for(self, target) -> tuple[str, Any] | None:
+        """(name, fidelity) answering regions outside the training domain on ``target``, or None to keep the
+        surrogate's answers."""
+        if self.fallback == "off":
+            return None
+        names = {"auto": (self.fidelity, "roofline"), "labeller": (self.fidelity,), "roofline": ("roofline",)}
+        refused = None
+        for name in dict.fromkeys(names[self.fallback]):
+            try:
+                fid = self._fallbacks.get(name) or get_labeller(name)
+                fid.check_target(target)
+            except FidelityError as exc:
+                refused = exc
+                continue
+            self._fallbacks[name] = fid
+            return name, fid
+        raise FidelityError(f"{self.name}: --fallback {self.fallback}: {refused}")
+
+    def _answer_outside(self, regions: list, labels: list[Label], away: list[int], target) -> None:
+        """Answer the labels at ``away`` (regions outside the training domain) as :attr:`fallback` says,
+        and give each of them the one-line caveat."""
+        reasons: dict[str, int] = {}
+        for i in away:
+            for reason in labels[i].meta["outside"]:
+                words = reason.split(" ")
+                kind = f"{words[0]} {words[2]} the learned range" if words[2:3] in (["above"], ["below"]) else reason
+                reasons[kind] = reasons.get(kind, 0) + 1
+        why = "; ".join(f"{k}: {n}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:4])
+        chosen = self._fallback_for(target)
+        if chosen is None:
+            pct = math.expm1(self.surrogate.domain.ood_half_width) * 100
+            answer = (f"its answers there have intervals widened to ±{pct:.0f} % (--fallback answers them from "
+                      "the labeller or the roofline)")
+        else:
+            name, fid = chosen
+            answered = fid.label_regions([regions[i] for i in away], target)
+            for i, lab in zip(away, answered):
+                if lab.status != "ok":
+                    continue
+                meta = {**labels[i].meta, **{k: v for k, v in lab.meta.items() if k != "bound"},
+                        "surrogate_s": labels[i].seconds, "bound": f"fallback:{name}", "fallback": name}
+                meta.update(lower_s=lab.seconds, upper_s=lab.seconds, interval=(lab.seconds, lab.seconds))
+                labels[i] = Label(lab.seconds, "ok", meta)
+            answer = (f"answered by the {name} {'labeller' if name != 'roofline' else 'estimate'} "
+                      "(--fallback off keeps the surrogate's answer, interval widened)")
+        line = (f"{self.name}: {len(away)} of {len(labels)} regions lie outside what it learned ({why}); {answer}")
+        for i in away:
+            labels[i].meta["caveat"] = line
 
 
 def check_reference(model: str) -> None:

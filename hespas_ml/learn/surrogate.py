@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from .config import LearnError, TrainConfig
+from .domain import Domain
 from .ensemble import IntervalCalibration, Prediction, member_stats
 from ..label.targets import Target
 from .features import (EDGE_FEATURES, HW_FEATURES, NODE_FEATURES, REGION_FEATURES, ROOFLINE_FEATURES,
@@ -41,6 +42,16 @@ WEIGHTS, META, METRICS = "weights.pt", "surrogate.json", "metrics.json"
 ALL_ROW_FEATURES = (*ROOFLINE_FEATURES, *SYSTOLIC_FEATURES, *HW_FEATURES)
 
 __all__ = ["Surrogate", "Prediction", "row_feature_names"]
+
+
+def label_options(dataset, fidelity: str) -> dict[str, Any] | None:
+    """The options ``dataset``'s spec labelled ``fidelity`` with (its targets and worker counts aside), or
+    None where the manifest does not say."""
+    spec = (getattr(dataset, "manifest", None) or {}).get("spec") or {}
+    options = (spec.get("fidelities") or {}).get(fidelity)
+    if not isinstance(options, dict):
+        return None
+    return {k: v for k, v in options.items() if k not in ("targets", "workers", "families")}
 
 
 def row_feature_names(config: TrainConfig) -> list[str]:
@@ -63,6 +74,7 @@ class Surrogate:
         self.calibration = IntervalCalibration(coverage=self.config.interval)
         self.metrics: dict[str, Any] = {}
         self.trained_on: dict[str, Any] = {}
+        self.domain: Domain | None = None
         self._columns = np.asarray([ALL_ROW_FEATURES.index(n) for n in row_feature_names(self.config)])
 
     # ------------------------------------------------------------------ training
@@ -130,6 +142,11 @@ class Surrogate:
         self.trained_on = {"dataset": Path(dataset.path).name, "fidelity": c.fidelity,   # no machine's paths
                            "targets": sorted(set(train_rows["target"])),
                            "families": sorted({f for fams in train_rows["families"] for f in fams})}
+        learned = sorted(set(train_rows["hash"]) | set(val_rows["hash"]))
+        self.domain = Domain.fit(self.featuriser.regions_for(learned, dataset.region_graph), self.featuriser.vocabulary,
+                                 fitted_on=f"the {len(learned)} regions of {self.trained_on['dataset']} it trained "
+                                           "and was calibrated on",
+                                 label_options=label_options(dataset, c.fidelity))
         return self
 
     # ------------------------------------------------------------------ prediction
@@ -218,10 +235,31 @@ class Surrogate:
             first.setdefault(digest, (r, users, order, escapes))
         unique = list(first)
         arrays = self.featuriser.regions_for(unique, lambda h: region_record(first[h][0], h, *first[h][1:]))
-        mean, std, base = self._predict_arrays(arrays, resolve_target(target))
+        target = resolve_target(target)
+        mean, std, base = self._predict_arrays(arrays, target)
         position = {h: i for i, h in enumerate(unique)}
         where = np.fromiter((position[h] for h in digests), dtype=np.int64, count=len(digests))
-        return self.calibration.predict(mean[where], std[where], base[where])
+        pred = self.calibration.predict(mean[where], std[where], base[where])
+        outside = self.outside_domain(arrays, target)
+        if outside is not None:
+            pred.outside = [outside[i] for i in where.tolist()]
+            self.domain.widen(pred)
+        return pred
+
+    def outside_domain(self, arrays: Sequence[RegionArrays], target) -> list[list[str]] | None:
+        """Per region, why it lies outside what this model learned (its :class:`~hespas_ml.learn.domain.Domain`
+        and the hardware vectors it saw; empty: inside), or None for a model saved without a domain."""
+        if self.domain is None:
+            return None
+        outside = self.domain.outside(arrays, self.featuriser.vocabulary)
+        # a profiling model's target is a measured machine, whose rates wobble from one measurement to the
+        # next: SurrogateFidelity.caveat says when it is another machine than the one the model learned
+        hardware = self.hardware_outside_training(target) if self.config.fidelity != "profiling" else {}
+        if hardware:
+            name = getattr(resolve_target(target), "name", str(target))
+            note = f"target {name}: {', '.join(sorted(hardware))} outside the learned hardware"
+            outside = [[*reasons, note] for reasons in outside]
+        return outside
 
     def hardware_range(self) -> dict[str, tuple[float, float]]:
         """Per hardware-vector entry, the (lowest, highest) value the model saw in training, read from the
@@ -242,18 +280,26 @@ class Surrogate:
     # ------------------------------------------------------------------ evaluation
 
     def predict_rows(self, dataset, index) -> tuple[Any, Prediction]:
-        """(label rows, predictions) for label positions ``index`` of ``dataset`` (rows of any targets)."""
+        """(label rows, predictions) for label positions ``index`` of ``dataset`` (rows of any targets);
+        rows outside the model's training domain are marked (``outside``) and their intervals widened."""
         self._require_net()
         rows = label_rows(dataset, self.config.fidelity, None, None)
         rows = rows[rows["pos"].isin(np.asarray(index))].reset_index(drop=True)
         targets = dataset_targets(dataset)
         hashes = rows["hash"].to_numpy()
         mean, std, base = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+        outside: list[list[str]] = [[] for _ in range(len(rows))]
         for name in pd.unique(rows["target"]):
             sel = np.flatnonzero(rows["target"].to_numpy() == name)
             arrays = self.featuriser.regions_for(hashes[sel], dataset.region_graph)
             mean[sel], std[sel], base[sel] = self._predict_arrays(arrays, targets[name])
-        return rows, self.calibration.predict(mean, std, base)
+            for i, reasons in zip(sel.tolist(), self.outside_domain(arrays, targets[name]) or []):
+                outside[i] = reasons
+        pred = self.calibration.predict(mean, std, base)
+        if self.domain is not None:
+            pred.outside = outside
+            self.domain.widen(pred)
+        return rows, pred
 
     def evaluate(self, dataset, index) -> dict[str, Any]:
         """Median / p90 APE, Kendall τ, interval coverage and n on label positions ``index``, overall,
@@ -277,7 +323,8 @@ class Surrogate:
                 "edge_features": list(EDGE_FEATURES), "region_features": list(REGION_FEATURES),
                 "row_features": row_feature_names(self.config), "base": self.config.base,
                 "calibration": self.calibration.to_dict(),
-                "trained_on": self.trained_on, "torch": torch.__version__}
+                "trained_on": self.trained_on, "torch": torch.__version__,
+                **({"domain": self.domain.to_dict()} if self.domain is not None else {})}
         (out / META).write_text(json.dumps(meta, indent=1))
         (out / METRICS).write_text(json.dumps(self.metrics, indent=1, default=float))
         return out
@@ -319,6 +366,7 @@ class Surrogate:
         self.featuriser = Featuriser(vocab)
         self.calibration = IntervalCalibration.from_dict(meta.get("calibration") or {}, str(meta_path))
         self.trained_on = meta.get("trained_on") or {}
+        self.domain = Domain.from_dict(meta["domain"], str(meta_path)) if meta.get("domain") else None
         try:
             state = torch.load(weights_path, map_location="cpu", weights_only=True)
         except FileNotFoundError:

@@ -1,0 +1,130 @@
+"""What a surrogate learned from: its training domain, and whether a region lies inside it.
+
+A :class:`Domain` is fitted on the regions a model trained on (their target-independent features,
+:class:`~hespas_ml.learn.features.RegionArrays`): the ops that occurred, and the range of every region
+aggregate (:data:`~hespas_ml.learn.features.REGION_FEATURES`) and of the largest GEMM dimensions. A region
+is outside when it holds an op no training region held, or when one of those figures lies beyond the
+trained range by more than ``margin`` (the features are base-2 logarithms: a margin of 1 lets a region be
+up to twice as large or small as anything learned). The target is checked separately, against the hardware vectors the model saw
+(:meth:`~hespas_ml.learn.surrogate.Surrogate.hardware_outside_training`), and so are the labeller's
+options the labels were taken with (``label_options``): a SCALE-Sim label depends on its budget (a layer
+too slow to simulate in full within it is simulated without its memory stalls), so a model of labels
+taken with a 2 s budget does not know what the default labeller does with such a layer
+(:mod:`hespas_ml.learn.fidelity`).
+
+A network answers such a region anyway, usually as the nearest thing it knows, and its ensemble agrees on
+that answer: its interval says nothing about how wrong it is. So the surrogate fidelity widens the interval
+of an outside region to ``ood_half_width`` (log-space, what held-out families and sizes showed), warns,
+and can answer it from the labeller instead (:mod:`hespas_ml.learn.fidelity`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .config import LearnError
+from .features import REGION_FEATURES, RegionArrays
+
+GEMM_FEATURES = ("log_gemm_m", "log_gemm_n", "log_gemm_k")
+FEATURES = (*REGION_FEATURES, *GEMM_FEATURES)
+DEFAULT_MARGIN = 1.0
+
+__all__ = ["DEFAULT_MARGIN", "Domain", "FEATURES", "domain_features"]
+
+
+def domain_features(arrays: Sequence[RegionArrays]) -> np.ndarray:
+    """``[regions, len(FEATURES)]``: the region aggregates and log2(1 + the largest GEMM M, N and K)
+    (0 for a region without a GEMM)."""
+    out = np.zeros((len(arrays), len(FEATURES)))
+    for i, a in enumerate(arrays):
+        out[i, :len(REGION_FEATURES)] = a.region
+        if len(a.gemms):
+            out[i, len(REGION_FEATURES):] = np.log2(1.0 + a.gemms[:, 2:5].max(axis=0))
+    return out
+
+
+@dataclass
+class Domain:
+    """The training domain of a surrogate (see the module docstring). ``ops``: the op names learned;
+    ``ranges``: ``{feature: (lowest, highest)}``; ``ood_half_width``: the log-space interval half-width
+    given to a region outside it; ``fitted_on``: what it was fitted from, in words; ``label_options``: the
+    labeller options of the labels it learned (None: not known)."""
+
+    ops: list[str] = field(default_factory=list)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    margin: float = DEFAULT_MARGIN
+    ood_half_width: float = math.log(2.0)
+    regions: int = 0
+    fitted_on: str = ""
+    label_options: dict[str, Any] | None = None
+
+    @classmethod
+    def fit(cls, arrays: Sequence[RegionArrays], vocabulary: Sequence[str], *, fitted_on: str = "",
+            ood_half_width: float = math.log(2.0), margin: float = DEFAULT_MARGIN,
+            label_options: dict[str, Any] | None = None) -> "Domain":
+        """The domain of the training regions ``arrays`` (featurised with ``vocabulary``)."""
+        if not len(arrays):
+            raise LearnError("a training domain needs at least one region")
+        feats = domain_features(arrays)
+        seen = np.unique(np.concatenate([a.op for a in arrays]))
+        ops = sorted(vocabulary[i - 1] for i in seen.tolist() if 0 < i <= len(vocabulary))
+        ranges = {f: (float(feats[:, j].min()), float(feats[:, j].max())) for j, f in enumerate(FEATURES)}
+        return cls(ops=ops, ranges=ranges, margin=margin, ood_half_width=ood_half_width, regions=len(arrays),
+                   fitted_on=fitted_on, label_options=label_options)
+
+    def outside(self, arrays: Sequence[RegionArrays], vocabulary: Sequence[str]) -> list[list[str]]:
+        """Per region, why it lies outside the domain (empty: inside), e.g. ``op reduce_window not learned``
+        or ``log_bytes 21.3 above the learned 18.9``."""
+        known = {name: i + 1 for i, name in enumerate(vocabulary)}
+        learned = {known[o] for o in self.ops if o in known}
+        feats = domain_features(arrays)
+        columns = [(j, f, *self.ranges[f]) for j, f in enumerate(FEATURES) if f in self.ranges]
+        out: list[list[str]] = []
+        for i, a in enumerate(arrays):
+            reasons = []
+            unseen = sorted({int(o) for o in a.op.tolist()} - learned)
+            if unseen:
+                names = [vocabulary[o - 1] if 0 < o <= len(vocabulary) else "an unknown op" for o in unseen]
+                reasons.append(f"op {', '.join(names)} not learned")
+            for j, f, lo, hi in columns:
+                v = feats[i, j]
+                if v > hi + self.margin:
+                    reasons.append(f"{f} {v:.1f} above the learned {hi:.1f}")
+                elif v < lo - self.margin:
+                    reasons.append(f"{f} {v:.1f} below the learned {lo:.1f}")
+            out.append(reasons)
+        return out
+
+    def widen(self, pred) -> None:
+        """Widen, in place, the interval of every record of ``pred`` (a
+        :class:`~hespas_ml.learn.ensemble.Prediction`) that lies outside (``pred.outside``) to at least
+        ``ood_half_width`` either side of its point prediction."""
+        away = np.asarray([bool(r) for r in pred.outside], dtype=bool)
+        if len(away) != len(pred.seconds) or not away.any():
+            return
+        factor = math.exp(self.ood_half_width)
+        pred.lower = np.where(away, np.minimum(pred.lower, pred.seconds / factor), pred.lower)
+        pred.upper = np.where(away, np.maximum(pred.upper, pred.seconds * factor), pred.upper)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": list(self.ops), "ranges": {f: list(v) for f, v in self.ranges.items()},
+                "margin": self.margin, "ood_half_width": self.ood_half_width, "regions": self.regions,
+                "fitted_on": self.fitted_on, "label_options": self.label_options}
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str) -> "Domain":
+        try:
+            out = cls(ops=[str(o) for o in data["ops"]],
+                      ranges={str(f): (float(v[0]), float(v[1])) for f, v in data["ranges"].items()},
+                      margin=float(data["margin"]), ood_half_width=float(data["ood_half_width"]),
+                      regions=int(data.get("regions", 0)), fitted_on=str(data.get("fitted_on", "")),
+                      label_options=dict(data["label_options"]) if data.get("label_options") is not None else None)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise LearnError(f"{origin}: bad training domain ({type(exc).__name__}: {exc})") from None
+        if not (out.margin >= 0 and out.ood_half_width > 0 and math.isfinite(out.ood_half_width)):
+            raise LearnError(f"{origin}: bad training domain values (margin {out.margin}, ood_half_width "
+                             f"{out.ood_half_width})")
+        return out

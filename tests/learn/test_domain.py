@@ -1,0 +1,114 @@
+"""A surrogate knows what it learned: its training domain, fitted at fit, saved with it, checked per region;
+outside it the interval widens, one line warns, and the fallback answers."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hespas_ml.ingest import load_program
+from hespas_ml.label.fidelity import FidelityError, label_caveats
+from hespas_ml.label.registry import get_labeller
+from hespas_ml.label.targets import load_target
+from hespas_ml.learn.config import LearnError
+from hespas_ml.learn.domain import Domain
+from hespas_ml.learn.fidelity import SurrogateFidelity
+from hespas_ml.learn.surrogate import Surrogate
+from hespas_ml.split.regions import split_program
+
+INSIDE = "zoo:mlp?layers=2&width=64&batch=8&step=infer"          # a smoke-dataset program
+FAR = "zoo:gemm?m=8192&n=8192&k=8192"                             # far larger than any smoke region
+
+
+@pytest.fixture(scope="module")
+def model(smoke_ds, tmp_path_factory):
+    from hespas_ml.learn.config import TrainConfig
+    cfg = TrainConfig(hidden=16, layers=2, head_hidden=32, epochs=4, batch_size=32, patience=4, ensemble=2,
+                      split="random", seed=0)
+    folder = tmp_path_factory.mktemp("domain-model") / "m"
+    Surrogate(cfg).fit(smoke_ds).save(folder)
+    return folder
+
+
+def regions_of(spec: str):
+    return split_program(load_program(spec), "fusion").compute_regions()
+
+
+def test_a_fitted_model_keeps_the_domain_of_the_regions_it_learned(model, smoke_ds):
+    loaded = Surrogate.load(model)
+    domain = loaded.domain
+    assert domain is not None and 0 < domain.regions <= len(smoke_ds.regions)
+    assert {"dot_general", "add"} <= set(domain.ops) and "all_to_all" not in domain.ops
+    lo, hi = domain.ranges["log_bytes"]
+    assert lo < hi
+    assert str(domain.regions) in domain.fitted_on
+    assert json.loads((model / "surrogate.json").read_text())["domain"]["ops"] == domain.ops
+    # every region of a program it learned from is inside
+    inside = loaded.predict_regions(regions_of(INSIDE), "H100")
+    assert inside.outside and not any(inside.outside)
+    far = loaded.predict_regions(regions_of(FAR), "H100")
+    assert any("log_matrix_flops" in r and "above the learned" in r for r in far.outside[0])
+
+
+def test_outside_regions_get_a_wider_interval_a_warning_and_the_fallbacks_answer(model):
+    far = regions_of(FAR)
+    kept = SurrogateFidelity(str(model), fallback="off").label_regions(far, "H100")
+    half = Surrogate.load(model).domain.ood_half_width
+    for lab in kept:
+        assert lab.meta["in_domain"] is False and lab.meta["outside"]
+        assert lab.meta["lower_s"] <= lab.seconds * math.exp(-half) * (1 + 1e-9)
+        assert lab.meta["upper_s"] >= lab.seconds * math.exp(half) * (1 - 1e-9)
+    (line,) = label_caveats(kept)
+    assert f"{len(far)} of {len(far)} regions lie outside what it learned" in line and "widened" in line
+    # the fallback answers with the labeller the model learned (here the roofline) and keeps its own answer
+    answered = SurrogateFidelity(str(model), fallback="auto").label_regions(far, "H100")
+    truth = get_labeller("roofline").label_regions(far, load_target("H100"))
+    assert [lab.seconds for lab in answered] == [t.seconds for t in truth]
+    assert {lab.meta["bound"] for lab in answered} == {"fallback:roofline"}
+    assert [lab.meta["surrogate_s"] for lab in answered] == [lab.seconds for lab in kept]
+    assert "answered by the roofline" in label_caveats(answered)[0]
+    # regions inside are the surrogate's own, whatever the fallback
+    inside = SurrogateFidelity(str(model), fallback="auto").label_regions(regions_of(INSIDE), "H100")
+    assert {lab.meta["bound"] for lab in inside} == {"learned"} and all(lab.meta["in_domain"] for lab in inside)
+    assert label_caveats(inside) == []
+
+
+def test_where_the_labeller_cannot_run_auto_takes_the_roofline(model):
+    """``labeller`` insists on the learned fidelity; ``auto`` takes the roofline where it cannot answer (the
+    profiler times only the machine it runs on, never an H100)."""
+    fid = SurrogateFidelity(str(model), fallback="labeller")
+    fid.fidelity = "profiling"                       # as a profiling model of several machines would be
+    fid.trained_targets = {"H100"}
+    with pytest.raises(FidelityError, match="--fallback labeller: .*H100"):
+        fid.label_regions(regions_of(FAR), "H100")
+    fid.fallback = "auto"
+    assert {lab.meta["bound"] for lab in fid.label_regions(regions_of(FAR), "H100")} == {"fallback:roofline"}
+
+
+def test_bad_fallbacks_and_domains_are_one_line_errors(model):
+    with pytest.raises(FidelityError, match="fallback must be one of auto, labeller, roofline, off"):
+        SurrogateFidelity(str(model), fallback="sometimes")
+    good = Domain(ops=["add"], ranges={"log_bytes": (1.0, 2.0)}).to_dict()
+    assert Domain.from_dict(good, "x").ranges == {"log_bytes": (1.0, 2.0)}
+    with pytest.raises(LearnError, match="m.json: bad training domain"):
+        Domain.from_dict({**good, "ranges": {"log_bytes": [1.0]}}, "m.json")
+    with pytest.raises(LearnError, match="bad training domain values"):
+        Domain.from_dict({**good, "ood_half_width": 0}, "m.json")
+
+
+def test_simulate_falls_back_by_default_and_says_so(model, capsys):
+    from hespas_ml.cli.main import main
+
+    def run(*extra: str) -> dict:
+        assert main(["simulate", FAR, "--fidelity", f"surrogate:{model}", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    default, off = run(), run("--fallback", "off")
+    roofline = get_labeller("roofline").label_regions(regions_of(FAR), load_target("H100"))
+    assert default["step_time_s"] == pytest.approx(sum(lab.seconds for lab in roofline), rel=1e-3)
+    assert any("outside what it learned" in w and "answered by the roofline" in w for w in default["warnings"])
+    assert any("widened" in w for w in off["warnings"])
+    lo, hi = off["step_time_interval_s"]
+    assert lo < off["step_time_s"] < hi and np.isfinite([lo, hi]).all()
