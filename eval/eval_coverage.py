@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for r in results:
         print(f"{r['model']} ({r['fidelity']} labels; domain {'known' if r['domain'] else 'unknown'}"
-              + (f", outside: interval ±{np.expm1(r['ood_half_width']) * 100:.0f} %" if r["domain"] else "") + ")")
+              + (f", outside: interval ±{np.expm1(r['ood_half_width']) * 100:.3g} %" if r["domain"] else "") + ")")
         print(_line("all", r["all"]))
         print(_line("all, not widened", r["all_without_widening"]))
         for part in ("inside", "outside"):

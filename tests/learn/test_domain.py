@@ -112,3 +112,40 @@ def test_simulate_falls_back_by_default_and_says_so(model, capsys):
     assert any("widened" in w for w in off["warnings"])
     lo, hi = off["step_time_interval_s"]
     assert lo < off["step_time_s"] < hi and np.isfinite([lo, hi]).all()
+
+
+def test_a_scalesim_layer_the_default_labeller_simulates_in_more_detail_is_outside(model):
+    """SCALE-Sim labels depend on the budget: a layer too slow to simulate in full within the learned
+    labels' budget (2 s) was learned without its memory stalls, which the default labeller (30 s) simulates."""
+    from hespas_ml.label.scalesim import ScaleSimFidelity
+
+    tpu = load_target("TPUv4")
+    big, small = regions_of("zoo:gemm?m=64&n=256&k=8192"), regions_of("zoo:gemm?m=128&n=128&k=128")
+    assert ScaleSimFidelity.from_options({"budget_s": 2}).planned_modes(big, tpu) == [["compute-only"]]
+    assert ScaleSimFidelity().planned_modes(big, tpu) == [["full"]]
+    surrogate = Surrogate.load(model)
+    surrogate.config.fidelity = "scalesim"             # as the shipped SCALE-Sim model
+    surrogate.domain.label_options = {"budget_s": 2, "memory_gb": 2, "mode": "auto"}
+    fid = SurrogateFidelity(surrogate, fallback="off")
+    (lab,) = fid.label_regions(big, tpu)
+    assert any(r.startswith("label mode compute-only -> full") for r in lab.meta["outside"])
+    (lab,) = fid.label_regions(small, tpu)
+    assert not any(r.startswith("label mode") for r in lab.meta.get("outside", []))
+    surrogate.domain.label_options = None              # labeller options not known: nothing to compare
+    (lab,) = fid.label_regions(big, tpu)
+    assert not any(r.startswith("label mode") for r in lab.meta.get("outside", []))
+
+
+def test_calibrating_again_on_rows_makes_the_interval_hold_there(model, smoke_ds):
+    """Split-conformal on given rows: at least the nominal share of those rows' labels fall inside, and
+    the point predictions do not move."""
+    from hespas_ml.learn.tables import label_rows
+
+    surrogate = Surrogate.load(model)
+    pos = label_rows(smoke_ds, "roofline", ["TPUv4"])["pos"].to_numpy()
+    _, before = surrogate.predict_rows(smoke_ds, pos)
+    surrogate.calibrate(smoke_ds, pos)
+    rows, after = surrogate.predict_rows(smoke_ds, pos)
+    truth = rows["seconds"].to_numpy()
+    assert np.array_equal(before.seconds, after.seconds) and surrogate.calibration.n == len(pos)
+    assert ((truth >= after.lower) & (truth <= after.upper)).mean() >= surrogate.calibration.coverage
