@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
 from hespas_ml.label.dataset import load_dataset  # noqa: E402
-from hespas_ml.learn.domain import Domain  # noqa: E402
+from hespas_ml.learn.domain import Domain, learned_programs  # noqa: E402
 from hespas_ml.learn.surrogate import META, Surrogate  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def fit_domain(model_dir: Path, dataset_dir: Path, ood_half_width: float, basis:
     fitted_on = (f"the {len(chosen)} regions of the families it learned in dataset {ds.path.name}"
                  + (f" ({basis})" if basis else ""))
     domain = Domain.fit(arrays, surrogate.featuriser.vocabulary, fitted_on=fitted_on, ood_half_width=ood_half_width,
-                        label_options=label_options)
+                        label_options=label_options, programs=learned_programs(ds, chosen["hash"]))
     meta_path = model_dir / META
     meta = json.loads(meta_path.read_text())
     meta["domain"] = domain.to_dict()

@@ -62,6 +62,7 @@ class SimulationResult:
     timings: dict[str, float] = field(default_factory=dict)
     out_dir: str | None = None
     step_time_interval_s: tuple[float, float] | None = None   # when the fidelity gives intervals (surrogates)
+    seen_in_training: bool | None = None     # a surrogate learned this program's regions (None: not a surrogate)
 
     def top_regions(self, k: int = 10) -> list[RegionRow]:
         comp = [r for r in self.regions if r.kind == "compute"]
@@ -73,6 +74,7 @@ class SimulationResult:
             "system": self.system, "replay": self.replay, "n_devices": self.n_devices,
             "step_time_s": self.step_time_s,
             "step_time_interval_s": list(self.step_time_interval_s) if self.step_time_interval_s else None,
+            "seen_in_training": self.seen_in_training,
             "compute_time_s": self.compute_time_s,
             "exposed_comm_s": self.exposed_comm_s, "n_comp_nodes": self.n_comp_nodes,
             "n_comm_nodes": self.n_comm_nodes, "flops": self.flops, "bytes": self.bytes,
@@ -203,10 +205,17 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
         n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=ranks, regions=rows,
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
-        step_time_interval_s=interval)
+        step_time_interval_s=interval, seen_in_training=_seen_in_training(labels))
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _seen_in_training(labels) -> bool | None:
+    """Whether the learned model that labelled the program learned its regions (its labels'
+    ``program_seen_in_training``), or None when the labels do not say."""
+    said = {lab.meta.get("program_seen_in_training") for lab in labels} - {None}
+    return said.pop() if len(said) == 1 else None
 
 
 def _interval_seconds(compute, labels, n_regions: int) -> tuple[list[float], list[float]] | None:

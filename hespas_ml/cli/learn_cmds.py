@@ -165,7 +165,8 @@ def cmd_predict(args) -> int:
     for r, lab in zip(compute, labels):
         rows.append({"id": r.id, "name": rg.describe(r), "count": r.count, "seconds": lab.seconds,
                      "lower_s": lab.meta["lower_s"], "upper_s": lab.meta["upper_s"],
-                     "roofline_s": lab.meta.get("roofline_s"), "total_s": lab.seconds * r.count})
+                     "roofline_s": lab.meta.get("roofline_s"), "total_s": lab.seconds * r.count,
+                     "in_domain": lab.meta.get("in_domain"), "outside": lab.meta.get("outside", [])})
     total = sum(x["total_s"] for x in rows)
     low = sum(x["lower_s"] * x["count"] for x in rows)
     high = sum(x["upper_s"] * x["count"] for x in rows)
@@ -174,6 +175,7 @@ def cmd_predict(args) -> int:
               "fidelity": f"surrogate:{fid.fidelity}", "model": fid.source, "coverage": labels[0].meta["coverage"]
               if labels else None, "n_regions": len(compute), "n_unique": n_unique, "total_s": total,
               "total_interval_s": [low, high], "roofline_total_s": roof,
+              "n_outside_domain": sum(1 for x in rows if x["in_domain"] is False),
               "timings_s": {"load_model": t_load, "predict": t_pred}, "regions": rows,
               "warnings": label_caveats(labels)}
     for msg in result["warnings"]:

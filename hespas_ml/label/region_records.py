@@ -149,7 +149,9 @@ def region_features(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _is_empty(region: Region) -> bool:
+def is_empty(region: Region) -> bool:
+    """Whether ``region`` does no work at all (no FLOPs, transcendentals or bytes in any kernel): a dataset
+    build skips such regions (``caps.skip_empty_regions``)."""
     return all(k.flops == 0 and k.transcendentals == 0 and k.bytes == 0 for k in region.kernels)
 
 
@@ -180,7 +182,7 @@ def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | N
     out: dict[str, dict[str, Any]] = {}
     skipped = 0
     for region in compute:
-        if (max_ops is not None and len(region.op_ids) > max_ops) or (skip_empty and _is_empty(region)):
+        if (max_ops is not None and len(region.op_ids) > max_ops) or (skip_empty and is_empty(region)):
             skipped += 1
             continue
         digest, order, escapes = signature_parts(region, users)

@@ -19,9 +19,12 @@ and can answer it from the labeller instead (:mod:`hespas_ml.learn.fidelity`).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -32,7 +35,32 @@ GEMM_FEATURES = ("log_gemm_m", "log_gemm_n", "log_gemm_k")
 FEATURES = (*REGION_FEATURES, *GEMM_FEATURES)
 DEFAULT_MARGIN = 1.0
 
-__all__ = ["DEFAULT_MARGIN", "Domain", "FEATURES", "domain_features"]
+__all__ = ["DEFAULT_MARGIN", "Domain", "FEATURES", "domain_features", "learned_programs", "program_fingerprint"]
+
+
+def program_fingerprint(hashes: Iterable[str]) -> str:
+    """A program's fingerprint: a hash of the set of its regions' structural hashes (empty regions left
+    out, as a dataset build leaves them out), so the same program exported twice, or given as a file and
+    as a zoo spec, has one fingerprint under one split."""
+    return hashlib.sha256("\n".join(sorted(set(hashes))).encode()).hexdigest()[:16]
+
+
+def learned_programs(dataset, hashes: Iterable[str]) -> dict[str, str]:
+    """``{fingerprint: source}`` of the programs of ``dataset`` that hold at least one of the regions
+    ``hashes`` (the regions a model learned); a file's source is its name, without its folders."""
+    regions = dataset.regions
+    learned = set(hashes)
+    by_program: dict[str, list[str]] = {}
+    for digest, programs in zip(regions["hash"], regions["programs"]):
+        for source in (json.loads(programs) if isinstance(programs, str) else programs):
+            by_program.setdefault(source, []).append(digest)
+    return {program_fingerprint(digests): _portable(source) for source, digests in sorted(by_program.items())
+            if learned.intersection(digests)}
+
+
+def _portable(source: str) -> str:
+    """A program's name without the folders of the machine that read it (zoo specs as they are)."""
+    return source if source.startswith("zoo:") else Path(source).name
 
 
 def domain_features(arrays: Sequence[RegionArrays]) -> np.ndarray:
@@ -51,7 +79,8 @@ class Domain:
     """The training domain of a surrogate (see the module docstring). ``ops``: the op names learned;
     ``ranges``: ``{feature: (lowest, highest)}``; ``ood_half_width``: the log-space interval half-width
     given to a region outside it; ``fitted_on``: what it was fitted from, in words; ``label_options``: the
-    labeller options of the labels it learned (None: not known)."""
+    labeller options of the labels it learned (None: not known); ``programs``: ``{fingerprint: source}`` of
+    the programs whose regions it learned (:func:`program_fingerprint`)."""
 
     ops: list[str] = field(default_factory=list)
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -60,11 +89,12 @@ class Domain:
     regions: int = 0
     fitted_on: str = ""
     label_options: dict[str, Any] | None = None
+    programs: dict[str, str] = field(default_factory=dict)     # fingerprint -> source of the programs learned
 
     @classmethod
     def fit(cls, arrays: Sequence[RegionArrays], vocabulary: Sequence[str], *, fitted_on: str = "",
             ood_half_width: float = math.log(2.0), margin: float = DEFAULT_MARGIN,
-            label_options: dict[str, Any] | None = None) -> "Domain":
+            label_options: dict[str, Any] | None = None, programs: dict[str, str] | None = None) -> "Domain":
         """The domain of the training regions ``arrays`` (featurised with ``vocabulary``)."""
         if not len(arrays):
             raise LearnError("a training domain needs at least one region")
@@ -73,7 +103,7 @@ class Domain:
         ops = sorted(vocabulary[i - 1] for i in seen.tolist() if 0 < i <= len(vocabulary))
         ranges = {f: (float(feats[:, j].min()), float(feats[:, j].max())) for j, f in enumerate(FEATURES)}
         return cls(ops=ops, ranges=ranges, margin=margin, ood_half_width=ood_half_width, regions=len(arrays),
-                   fitted_on=fitted_on, label_options=label_options)
+                   fitted_on=fitted_on, label_options=label_options, programs=dict(programs or {}))
 
     def outside(self, arrays: Sequence[RegionArrays], vocabulary: Sequence[str]) -> list[list[str]]:
         """Per region, why it lies outside the domain (empty: inside), e.g. ``op reduce_window not learned``
@@ -112,7 +142,7 @@ class Domain:
     def to_dict(self) -> dict[str, Any]:
         return {"ops": list(self.ops), "ranges": {f: list(v) for f, v in self.ranges.items()},
                 "margin": self.margin, "ood_half_width": self.ood_half_width, "regions": self.regions,
-                "fitted_on": self.fitted_on, "label_options": self.label_options}
+                "fitted_on": self.fitted_on, "label_options": self.label_options, "programs": dict(self.programs)}
 
     @classmethod
     def from_dict(cls, data: dict, origin: str) -> "Domain":
@@ -121,7 +151,8 @@ class Domain:
                       ranges={str(f): (float(v[0]), float(v[1])) for f, v in data["ranges"].items()},
                       margin=float(data["margin"]), ood_half_width=float(data["ood_half_width"]),
                       regions=int(data.get("regions", 0)), fitted_on=str(data.get("fitted_on", "")),
-                      label_options=dict(data["label_options"]) if data.get("label_options") is not None else None)
+                      label_options=dict(data["label_options"]) if data.get("label_options") is not None else None,
+                      programs={str(k): str(v) for k, v in (data.get("programs") or {}).items()})
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise LearnError(f"{origin}: bad training domain ({type(exc).__name__}: {exc})") from None
         if not (out.margin >= 0 and out.ood_half_width > 0 and math.isfinite(out.ood_half_width)):

@@ -32,6 +32,7 @@ class Prediction:
     spread: np.ndarray = field(default_factory=lambda: np.zeros(0))
     roofline: np.ndarray = field(default_factory=lambda: np.zeros(0))
     outside: list[list[str]] = field(default_factory=list)   # per record, why it is outside the training domain
+    hashes: list[str] = field(default_factory=list)           # per live region predicted, its structural hash
 
     def __len__(self) -> int:
         return len(self.seconds)

@@ -19,7 +19,9 @@ one ``caveat`` line saying how many regions of the call were outside and why. ``
 answers them: ``off`` keeps the surrogate's (widened) answer; ``labeller`` the fidelity the model learned
 (SCALE-Sim, the profiler: only where it can run here for that target); ``roofline`` the analytical roofline;
 ``auto`` the labeller where it can run, else the roofline. A label answered so says ``bound:
-fallback:<fidelity>`` and keeps the surrogate's own answer as ``surrogate_s``.
+fallback:<fidelity>`` and keeps the surrogate's own answer as ``surrogate_s``. Every label also says
+whether the program of the call is one whose regions the model learned (``program_seen_in_training``):
+its figures for such a program are not out of sample.
 """
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..label.fidelity import FidelityError, Label
+from ..label.region_records import is_empty
 from ..label.registry import get_labeller
 from ..label.scalesim import require_systolic
 from .config import LearnError
+from .domain import program_fingerprint
 from .features import HW_FEATURES, hardware_vector, resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
 from .surrogate import Surrogate
@@ -170,12 +174,15 @@ class SurrogateFidelity:
         coverage = self.surrogate.calibration.coverage
         roof = pred.roofline if len(pred.roofline) == len(pred.seconds) else None
         outside = pred.outside if len(pred.outside) == len(pred.seconds) else None
+        program_seen = self.seen_in_training(regions, pred.hashes)
         out = []
         for i in range(len(pred.seconds)):
             lo, s, hi = float(pred.lower[i]), float(pred.seconds[i]), float(pred.upper[i])
             meta: dict[str, Any] = {"coverage": coverage,
                                     "spread": float(pred.spread[i]) if len(pred.spread) else 0.0,
                                     "model": self.source, "bound": "learned", "seen_target": seen}
+            if program_seen is not None:
+                meta["program_seen_in_training"] = program_seen
             if outside is not None:
                 meta["in_domain"] = not outside[i]
                 if outside[i]:
@@ -190,6 +197,14 @@ class SurrogateFidelity:
         if away:
             self._answer_outside(regions, out, away, target)
         return out
+
+    def seen_in_training(self, regions: list, hashes: list[str]) -> bool | None:
+        """Whether the program ``regions`` make up is one whose regions the model learned (by
+        :func:`~hespas_ml.learn.domain.program_fingerprint`); None for a model that does not know."""
+        domain = self.surrogate.domain
+        if domain is None or not domain.programs or len(hashes) != len(regions):
+            return None
+        return program_fingerprint(h for r, h in zip(regions, hashes) if not is_empty(r)) in domain.programs
 
     def _label_mode_changes(self, regions: list, target) -> list[list[str]]:
         """Per region, where the labeller the model stands for (its fidelity at its default options)

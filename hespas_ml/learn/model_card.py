@@ -73,7 +73,21 @@ def model_card(out, dataset, command: str) -> str:
               f"* MLflow run `{out.run_id}`, registered as `{out.name}` version {out.version} "
               "(in the local store used for training; not shipped)", "",
               "## Reproduce", "", "```bash", command, "```", ""]
+    if s.domain is not None:
+        lines += programs_section(s.domain)
     return "\n".join(lines)
+
+
+def programs_section(domain) -> list[str]:
+    """The card's list of the programs whose regions the model learned, by fingerprint
+    (:func:`~hespas_ml.learn.domain.program_fingerprint`: ``simulate`` says ``seen_in_training`` for them)."""
+    rows = sorted(domain.programs.items(), key=lambda kv: kv[1])
+    return ["## Programs it learned from", "",
+            f"{len(rows)} programs held regions it learned; `simulate` says `seen_in_training` for a program whose "
+            "fingerprint (a hash of the set of its regions) is one of these, whatever its file or name, and its "
+            "figures for such a program are not out of sample.", "",
+            "<details><summary>fingerprint, program</summary>", "", "| fingerprint | program |", "|---|---|",
+            *(f"| `{fp}` | `{source}` |" for fp, source in rows), "", "</details>", ""]
 
 
 def save_with_card(out, dataset, folder: str, command: str) -> Path:

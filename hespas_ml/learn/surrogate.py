@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from .config import LearnError, TrainConfig
-from .domain import Domain
+from .domain import Domain, learned_programs
 from .ensemble import IntervalCalibration, Prediction, member_stats
 from ..label.targets import Target
 from .features import (EDGE_FEATURES, HW_FEATURES, NODE_FEATURES, REGION_FEATURES, ROOFLINE_FEATURES,
@@ -146,7 +146,8 @@ class Surrogate:
         self.domain = Domain.fit(self.featuriser.regions_for(learned, dataset.region_graph), self.featuriser.vocabulary,
                                  fitted_on=f"the {len(learned)} regions of {self.trained_on['dataset']} it trained "
                                            "and was calibrated on",
-                                 label_options=label_options(dataset, c.fidelity))
+                                 label_options=label_options(dataset, c.fidelity),
+                                 programs=learned_programs(dataset, learned))
         return self
 
     # ------------------------------------------------------------------ prediction
@@ -240,6 +241,7 @@ class Surrogate:
         position = {h: i for i, h in enumerate(unique)}
         where = np.fromiter((position[h] for h in digests), dtype=np.int64, count=len(digests))
         pred = self.calibration.predict(mean[where], std[where], base[where])
+        pred.hashes = digests
         outside = self.outside_domain(arrays, target)
         if outside is not None:
             pred.outside = [outside[i] for i in where.tolist()]

@@ -149,3 +149,21 @@ def test_calibrating_again_on_rows_makes_the_interval_hold_there(model, smoke_ds
     truth = rows["seconds"].to_numpy()
     assert np.array_equal(before.seconds, after.seconds) and surrogate.calibration.n == len(pos)
     assert ((truth >= after.lower) & (truth <= after.upper)).mean() >= surrogate.calibration.coverage
+
+
+def test_simulate_says_when_the_model_learned_the_program(model, smoke_ds, capsys):
+    """A program of the training set is recognised by its fingerprint (the set of its regions), under any
+    name; a program it never saw is not; a model without a domain does not say."""
+    from hespas_ml import simulate
+    from hespas_ml.learn.domain import program_fingerprint
+
+    learned = Surrogate.load(model).domain.programs
+    source = next(s for s in smoke_ds.programs["source"] if s.startswith("zoo:mlp") and s in learned.values())
+    assert not any(s.startswith("/") for s in learned.values())           # no machine's folders
+    fingerprint = program_fingerprint(smoke_ds.regions["hash"][smoke_ds.regions["programs"].str.contains(
+        source, regex=False)])
+    assert learned[fingerprint] == source
+    seen = simulate(source, target="H100", fidelity=f"surrogate:{model}")
+    assert seen.seen_in_training is True and seen.to_dict()["seen_in_training"] is True
+    assert simulate(FAR, target="H100", fidelity=f"surrogate:{model}").seen_in_training is False
+    assert simulate(source, target="H100", fidelity="roofline").seen_in_training is None

@@ -91,6 +91,9 @@ def test_predict_from_the_registry_matches_the_saved_model(trained):
         assert math.isfinite(r["seconds"]) and 0 < r["lower_s"] <= r["seconds"] <= r["upper_s"]
     assert res["total_interval_s"][0] <= res["total_s"] <= res["total_interval_s"][1]
     assert res["total_s"] == pytest.approx(sum(r["seconds"] * r["count"] for r in res["regions"]))
+    # whether each region lies inside what the model learned (the smoke MLP's do, all of them)
+    assert all(r["in_domain"] is True and r["outside"] == [] for r in res["regions"])
+    assert res["n_outside_domain"] == 0
     # the registered model is the saved one
     code, out2, _ = run("predict", MLP, "--model", trained["saved"], "--target", "H100", "--json")
     assert code == 0
