@@ -34,6 +34,7 @@ from ..ingest.errors import HespasError
 from .device_plan import read_jsonl_gz
 from .device_run import read_lines
 from .dataset_tables import LABEL_COLUMNS, load_dataset, write_manifest
+from .measured_fidelity import in_program
 
 TABLES = ("regions.parquet", "graphs.parquet", "programs.parquet", "targets.parquet")
 STEP_COLUMNS = ("id", "source", "family", "phase", "target", "status", "reason", "step_s", "min_s", "iqr_s",
@@ -54,18 +55,6 @@ def _merge(results: Iterable[Path], name: str, key: str) -> dict[str, dict[str, 
             if old is None or row.get("status") == "ok" or old.get("status") != "ok":
                 rows[row[key]] = row
     return rows
-
-
-def in_program(seconds: float, meta: str | None) -> float:
-    """A measured region's time inside a program: ``seconds`` less the dispatch overhead recorded in its
-    label's ``meta`` (JSON), never below zero; as it is where none was recorded."""
-    if not meta or "overhead_s" not in meta:
-        return seconds
-    try:
-        overhead = float(json.loads(meta).get("overhead_s") or 0.0)
-    except (ValueError, TypeError, AttributeError):
-        return seconds
-    return max(0.0, seconds - overhead)
 
 
 def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
@@ -246,4 +235,4 @@ def readme(plan: dict[str, Any], runs: list[dict[str, Any]], labels: dict[str, d
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MeasuredError", "STEP_COLUMNS", "csv_text", "import_run", "in_program", "step_rows", "write_measured"]
+__all__ = ["MeasuredError", "STEP_COLUMNS", "csv_text", "import_run", "step_rows", "write_measured"]

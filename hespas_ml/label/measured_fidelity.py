@@ -12,6 +12,7 @@ of the world).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -21,7 +22,6 @@ from typing import Any
 from ..ingest.graph import program_users
 from ..split.signature import region_signature
 from .fidelity import FidelityError, Label
-from .measured import in_program
 
 MEASURED_ENV = "HESPAS_ML_MEASURED"
 
@@ -43,6 +43,18 @@ def measured_folders(folders: str | os.PathLike[str] | list | None = None) -> li
         elif path.is_dir():
             out.extend(sorted(p for p in path.iterdir() if (p / "labels.parquet").is_file()))
     return out
+
+
+def in_program(seconds: float, meta: str | None) -> float:
+    """A measured region's time inside a program: ``seconds`` less the dispatch overhead recorded in its
+    label's ``meta`` (JSON), never below zero; as it is where none was recorded."""
+    if not meta or "overhead_s" not in meta:
+        return seconds
+    try:
+        overhead = float(json.loads(meta).get("overhead_s") or 0.0)
+    except (ValueError, TypeError, AttributeError):
+        return seconds
+    return max(0.0, seconds - overhead)
 
 
 class MeasuredFidelity:
@@ -115,4 +127,4 @@ class MeasuredFidelity:
         return labels
 
 
-__all__ = ["MEASURED_ENV", "MeasuredFidelity", "measured_folders"]
+__all__ = ["MEASURED_ENV", "MeasuredFidelity", "in_program", "measured_folders"]
