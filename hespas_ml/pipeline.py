@@ -86,18 +86,23 @@ class SimulationResult:
         }
 
 
+SLOW = ("scalesim", "profiling")      # labellers that take seconds a region: shown with a progress bar
+
+
 def simulate(program, target: str = "H100", system: str | Path | None = None, *, fidelity: str = "roofline",
              split: str = "fusion", replay: str = "auto", astra_sim_bin: str | None = None,
-             out: str | Path | None = None, fidelity_options: dict | None = None) -> SimulationResult:
+             out: str | Path | None = None, fidelity_options: dict | None = None,
+             progress: bool = False) -> SimulationResult:
     """Simulate one step of ``program`` (a .mlir path, a ``zoo:`` spec, or an :class:`OpGraph`) on
     ``system`` (an ASTRA-sim folder or a spec such as ``ring:4x150``; None for one device) built from
     ``target`` accelerators, timing compute regions with ``fidelity``. When the fidelity's labels carry
     an interval (``meta["interval"]``: the learned surrogates), the traces are replayed with the lower and
     upper times too, giving ``step_time_interval_s``. ``fidelity_options`` are passed to the fidelity's
-    constructor (e.g. ``{"budget": Budget(seconds=2), "mode": "auto"}`` for ``scalesim``)."""
+    constructor (e.g. ``{"budget": Budget(seconds=2), "mode": "auto"}`` for ``scalesim``). ``progress``: a
+    progress bar with an ETA on stderr while a slow labeller (SCALE-Sim, profiling) times the regions."""
     from .ingest import load_program
     from .ingest.graph import OpGraph
-    from .label.fidelity import label_caveats
+    from .label.fidelity import label_caveats, label_in_chunks
     from .fidelities import get_fidelity
     from .label.targets import load_target
     from .replay import replay as run_replay
@@ -133,7 +138,7 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
 
     t = time.perf_counter()
     compute = rg.compute_regions()
-    labels = fid.label_regions(compute, tgt)
+    labels = label_in_chunks(fid, compute, tgt, desc=f"{fid.name} labels", progress=progress and fid.name in SLOW)
     seconds = [0.0] * len(rg.regions)
     rows: list[RegionRow] = []
     failed = 0

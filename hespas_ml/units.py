@@ -1,4 +1,5 @@
-"""How durations are written for people: one formatter for every command, report and benchmark."""
+"""How durations and progress are shown to people: one formatter for every command, report and benchmark, and
+one progress bar (rate and ETA) for long work."""
 from __future__ import annotations
 
 
@@ -13,3 +14,10 @@ def format_seconds(seconds: float | None, digits: int = 3) -> str:
     if seconds >= 1e-6 or seconds <= 0.0:
         return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e9:.1f} ns"
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool):
+    """A tqdm bar (rate and ETA) on stderr; silent when not ``enabled``."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, mininterval=0.5,
+                smoothing=0.1)

@@ -73,9 +73,11 @@ def cmd_simulate(args) -> int:
     from ..fidelities import surrogate_model
 
     learned = surrogate_model(args.fidelity) is not None
+    progress = not args.json and sys.stderr.isatty()
     res = simulate(args.program, target=args.target, system=args.system, fidelity=args.fidelity,
                    split=args.split, replay=args.replay, astra_sim_bin=args.astra_sim_bin, out=args.out,
-                   fidelity_options={"fallback": args.fallback} if learned else None)
+                   fidelity_options={"fallback": args.fallback, "progress": progress} if learned else None,
+                   progress=progress)
     if args.json:
         print(json.dumps(res.to_dict(top=args.top), indent=2))
         return 0

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .dataset_cache import BuildCache, DatasetError
-from .dataset_labels import build_labels, progress_bar, reason_of
+from ..units import progress_bar
+from .dataset_labels import build_labels, reason_of
 from .dataset_spec import DatasetSpec, load_spec
 from .dataset_tables import Dataset, load_dataset, write_manifest, write_tables
 from .region_records import program_records

@@ -26,6 +26,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from ..ingest.errors import HespasError
+from ..units import progress_bar
 from .dataset_cache import BuildCache, DatasetError
 from .dataset_spec import DatasetSpec, FidelitySpec
 from .fidelity import FidelityError, Label, option_defaults
@@ -36,13 +37,6 @@ DETERMINISTIC = frozenset({"roofline", "scalesim"})
 STANDALONE = frozenset({"roofline", "scalesim"})     # fidelities that can label a rebuilt region
 STEADINESS_MIN_LABELS = 500      # a profiling stage this long starts with a timing steadiness check …
 STEADINESS_S = 15.0              # … of about this many seconds
-
-
-def progress_bar(total: int, desc: str, unit: str, enabled: bool):
-    """A tqdm bar (rate and ETA) on stderr."""
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, mininterval=0.5,
-                smoothing=0.1)
 
 
 def reason_of(exc: BaseException) -> str:

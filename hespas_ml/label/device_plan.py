@@ -172,7 +172,8 @@ def _region_texts(hashes: list[str], sources: dict[str, list[str]], order: dict[
                   progress: bool) -> dict[str, str]:
     """``hash -> module text`` (or ``hash -> "!reason"`` where a region cannot be cut out), re-ingesting
     as few programs as hold every region."""
-    from .dataset_labels import cover_programs, program_regions, progress_bar
+    from ..units import progress_bar
+    from .dataset_labels import cover_programs, program_regions
     from .profiling import extract_region_modules
 
     out: dict[str, str] = {}

@@ -54,6 +54,24 @@ def label_caveats(labels) -> list[str]:
     return list(dict.fromkeys(lab.meta["caveat"] for lab in labels if "caveat" in lab.meta))
 
 
+def label_in_chunks(fid, regions: Sequence, target, *, desc: str, progress: bool, chunk: int = 32) -> list[Label]:
+    """``fid.label_regions(regions, target)``, in chunks of ``chunk`` regions with a progress bar (rate and
+    ETA) on stderr when ``progress``; in one call otherwise. For the slow fidelities (SCALE-Sim, profiling),
+    whose labels do not depend on what else is in a call."""
+    regions = list(regions)
+    if not progress or len(regions) <= chunk:
+        return fid.label_regions(regions, target)
+    from ..units import progress_bar
+
+    out: list[Label] = []
+    with progress_bar(len(regions), desc, "region", True) as bar:
+        for start in range(0, len(regions), chunk):
+            part = regions[start:start + chunk]
+            out += fid.label_regions(part, target)
+            bar.update(len(part))
+    return out
+
+
 class Fidelity(Protocol):
     name: str
 

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..label.fidelity import FidelityError, Label
+from ..label.fidelity import FidelityError, Label, label_in_chunks
 from ..label.region_records import is_empty
 from ..label.registry import get_labeller
 from ..label.scalesim import require_systolic
@@ -85,14 +85,16 @@ class SurrogateFidelity:
     ``model``: a fidelity name (the shipped model), a saved folder, a registry reference, or a
     :class:`~hespas_ml.learn.surrogate.Surrogate`. ``tracking_uri``: the MLflow store of registry
     references (default ``$HESPAS_ML_TRACKING_URI`` or ``./mlruns``). ``fallback``: who answers regions
-    outside the model's training domain (one of :data:`FALLBACKS`; see the module docstring).
+    outside the model's training domain (one of :data:`FALLBACKS`; see the module docstring); ``progress``:
+    a progress bar with an ETA on stderr while the fallback labels them.
     """
 
     def __init__(self, model: str | os.PathLike[str] | Surrogate = "roofline",
-                 tracking_uri: str | os.PathLike[str] | None = None, fallback: str = "off"):
+                 tracking_uri: str | os.PathLike[str] | None = None, fallback: str = "off", progress: bool = False):
         if fallback not in FALLBACKS:
             raise FidelityError(f"surrogate: fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
         self.fallback = fallback
+        self.progress = progress
         self._fallbacks: dict[str, Any] = {}
         if isinstance(model, Surrogate):
             self.surrogate, self.source, self.load_s = model, "in-memory", 0.0
@@ -262,7 +264,8 @@ class SurrogateFidelity:
                       "the labeller or the roofline)")
         else:
             name, fid = chosen
-            answered = fid.label_regions([regions[i] for i in away], target)
+            answered = label_in_chunks(fid, [regions[i] for i in away], target, progress=self.progress,
+                                       desc=f"{name} labels of the regions outside {self.name}")
             for i, lab in zip(away, answered):
                 if lab.status != "ok":
                     continue

@@ -288,7 +288,7 @@ class _Runner:
         return sum(len(w.systems) * len(s.targets) for w in self.spec.workloads for s in self.spec.sources)
 
     def run(self) -> tuple[list[ConfigResult], list[dict[str, Any]]]:
-        from ..label.dataset_labels import progress_bar
+        from ..units import progress_bar
 
         spec = self.spec
         results: list[ConfigResult] = []

@@ -96,7 +96,7 @@ def measure_host_cpu(spec: StudySpec, out_csv: str | os.PathLike[str], *, measur
 
 def _worker() -> None:
     """Child process: read the request on stdin, time every program ``rounds`` times, print ``@@ {json}``."""
-    from ..label.dataset_labels import progress_bar
+    from ..units import progress_bar
     from ..label.profiling_worker import Profiler, TimingLock
 
     req = json.loads(sys.stdin.read())
