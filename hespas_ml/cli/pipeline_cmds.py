@@ -39,7 +39,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("replay", help="replay existing Chakra traces (<prefix>.<rank>.et) on a system",
                        description="Replay Chakra execution traces with ASTRA-sim's analytical network model.")
-    p.add_argument("prefix", help="trace path prefix: <prefix>.0.et, <prefix>.1.et, … must exist")
+    p.add_argument("prefix", help="trace path prefix (<prefix>.0.et, <prefix>.1.et, … must exist), or a folder "
+                                  "holding one set of traces (simulate --out's et/)")
     p.add_argument("--system", required=True, help="ASTRA-sim system folder or a spec such as ring:4x150")
     p.add_argument("--comm-group", help="communicator-group JSON (comm_group.json)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
@@ -160,19 +161,18 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from pathlib import Path
-
-    from ..replay import replay
+    from ..replay import replay, trace_prefix
     from ..replay.system import load_comm_groups, load_system
 
     cfg = load_system(args.system)
     groups = load_comm_groups(args.comm_group) if args.comm_group else None
-    res = replay(Path(args.prefix), cfg, groups, backend=args.replay, binary=args.astra_sim_bin)
+    prefix = trace_prefix(args.prefix)
+    res = replay(prefix, cfg, groups, backend=args.replay, binary=args.astra_sim_bin)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     w = sys.stdout.write
-    w(f"traces        {args.prefix}.<0..{len(res.ranks) - 1}>.et\n")
+    w(f"traces        {prefix}.<0..{len(res.ranks) - 1}>.et\n")
     w(f"system        {cfg.source}   replay {res.backend}\n")
     w(f"step time     {format_seconds(res.step_time_s)}\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)} (on the rank that finishes last)\n")

@@ -13,8 +13,8 @@ from typing import Sequence
 from hespas_ml.replay.astrasim import find_binary, parse_output, replay_astrasim
 from hespas_ml.replay.chakra import (
     ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE,
-    COMP_NODE, REDUCE_SCATTER, EtNode, decode_trace, encode_trace, read_trace, read_traces, write_trace,
-    write_traces,
+    COMP_NODE, REDUCE_SCATTER, EtNode, decode_trace, encode_trace, read_trace, read_traces, trace_prefix,
+    write_trace, write_traces,
 )
 from hespas_ml.replay.embedded import RankResult, ReplayResult, replay_embedded
 from hespas_ml.replay.errors import ReplayError, ReplayStageError, SystemConfigError, TraceError
@@ -29,8 +29,8 @@ __all__ = [
     "COMM_SEND_NODE", "COMP_NODE", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult", "ReplayError",
     "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "decode_trace",
     "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output", "read_trace",
-    "read_traces", "replay", "replay_astrasim", "replay_embedded", "write_comm_groups", "write_system",
-    "write_trace", "write_traces",
+    "read_traces", "replay", "replay_astrasim", "replay_embedded", "trace_prefix", "write_comm_groups",
+    "write_system", "write_trace", "write_traces",
 ]
 
 
@@ -41,7 +41,8 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
            workdir: str | Path | None = None) -> ReplayResult:
     """Replay a workload on a system and return per-rank finish times.
 
-    traces_or_prefix: per-rank EtNode lists, or an ET path prefix (`<prefix>.<r>.et`).
+    traces_or_prefix: per-rank EtNode lists, an ET path prefix (`<prefix>.<r>.et`), or a folder holding
+        one set of traces (`simulate --out`'s `et/`).
     system: a SystemConfig, an ASTRA-sim folder or a short spec (see `load_system`).
     comm_groups: {group id: ranks} or a comm_group.json path.
     backend: "auto" (the real congestion-unaware binary when `find_binary` finds one, else embedded),
@@ -52,6 +53,8 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
     if backend not in BACKENDS:
         raise ReplayError(f"unknown replay backend {backend!r} (choose from {', '.join(BACKENDS)})")
     cfg = system if isinstance(system, SystemConfig) else load_system(system)
+    if isinstance(traces_or_prefix, (str, Path)):
+        traces_or_prefix = trace_prefix(traces_or_prefix)
     groups_file: Path | None = None
     groups: dict[int, list[int]] | None
     if isinstance(comm_groups, (str, Path)):

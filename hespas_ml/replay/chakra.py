@@ -523,6 +523,20 @@ def trace_path(prefix: str | Path, rank: int) -> Path:
     return Path(f"{prefix}.{rank}.et")
 
 
+def trace_prefix(path: str | Path) -> Path:
+    """``path`` as a trace prefix: itself, or for a folder holding one set of traces (``<name>.0.et``, …,
+    as ``simulate --out`` writes them) that set's prefix. TraceError for a folder with none or several."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return folder
+    names = sorted(p.name[:-len(".0.et")] for p in folder.glob("*.0.et"))
+    if len(names) != 1:
+        found = ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
+        raise TraceError(f"{folder}: a folder of traces must hold one set (<name>.0.et, <name>.1.et, …); it holds "
+                         + (f"{len(names)}: {found} (give the prefix {folder / names[0]})" if names else "none"))
+    return folder / names[0]
+
+
 def read_traces(prefix: str | Path, n_ranks: int | None = None) -> list[list[EtNode]]:
     """Per-rank nodes from `<prefix>.<r>.et`, r = 0..n_ranks-1 (all consecutive ranks when None)."""
     if n_ranks is None:

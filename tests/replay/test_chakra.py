@@ -78,6 +78,18 @@ def test_read_traces_names_the_first_missing_rank(tmp_path) -> None:
         et.read_traces(tmp_path / "nothing")
 
 
+def test_a_folder_of_one_set_of_traces_names_its_prefix(tmp_path) -> None:
+    assert et.trace_prefix(tmp_path / "et" / "dev") == tmp_path / "et" / "dev"        # a prefix as it is
+    et.write_traces(tmp_path / "et" / "dev", [[et.EtNode(1, "a", et.COMP_NODE, [], [])]] * 2)
+    assert et.trace_prefix(tmp_path / "et") == tmp_path / "et" / "dev"
+    with pytest.raises(TraceError, match=r"empty: a folder of traces must hold one set .*it holds none"):
+        (tmp_path / "empty").mkdir()
+        et.trace_prefix(tmp_path / "empty")
+    et.write_traces(tmp_path / "et" / "other", [[et.EtNode(1, "a", et.COMP_NODE, [], [])]])
+    with pytest.raises(TraceError, match=r"it holds 2: dev, other \(give the prefix .*dev\)"):
+        et.trace_prefix(tmp_path / "et")
+
+
 # --- the recorded vectors -------------------------------------------------------------------------------
 def expected_node(entry: dict) -> et.EtNode:
     attrs = {}

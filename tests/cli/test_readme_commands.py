@@ -1,0 +1,38 @@
+"""The README's commands, run as written: a README that drifts from the code fails here."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from hespas_ml.cli.main import main
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow   # exports a 32-device program
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's command line that begins with ``start`` (continuation lines joined, comments and
+    ``[optional]`` parts left out), as arguments after ``hespas-ml``."""
+    text = (PROJECT_ROOT / "README.md").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(start)]
+    assert len(lines) == 1, f"README: {len(lines)} lines begin with {start!r}"
+    line = re.sub(r"\[[^\]]*\]", "", lines[0].split(" #")[0])
+    words = shlex.split(line)
+    assert words[0] == "hespas-ml"
+    return words[1:]
+
+
+def test_simulate_out_then_replay_as_the_readme_says(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    simulate = readme_command("hespas-ml simulate 'zoo:mlp?layers=8&width=4096&step=train'")
+    assert "--out" in simulate
+    assert main([*simulate, "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    replay = readme_command("hespas-ml replay out/run/et")
+    assert main([*replay, "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["step_time_s"] == pytest.approx(simulated["step_time_s"], rel=1e-9)
+    assert main(replay) == 0 and "step time" in capsys.readouterr().out
