@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -62,6 +63,32 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=15, help="how many of the most expensive regions to list")
     p.add_argument("--json", action="store_true", help="print one JSON object (every region)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("ui", help="the MLflow UI on the project's store: training runs, searches, the registry",
+                       description="Start the MLflow UI on the store training writes to (./mlruns: a SQLite "
+                                   "database and the artifacts beside it) and print its address; Ctrl-C stops it.")
+    p.add_argument("--tracking-uri", help="MLflow store (default: ./mlruns or $HESPAS_ML_TRACKING_URI)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5000, help="port (default: 5000)")
+    p.set_defaults(func=cmd_ui)
+
+
+def cmd_ui(args) -> int:
+    import subprocess
+
+    from ..learn.tracking import resolve_uri
+
+    tracking, artifacts = resolve_uri(args.tracking_uri)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking, "--host", args.host,
+               "--port", str(args.port)]
+    if artifacts:
+        command += ["--default-artifact-root", artifacts]
+    print(f"MLflow UI of {tracking} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
 
 
 # ------------------------------------------------------------------------------------------------ train
