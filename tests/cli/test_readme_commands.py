@@ -36,3 +36,19 @@ def test_simulate_out_then_replay_as_the_readme_says(tmp_path, monkeypatch, caps
     replayed = json.loads(capsys.readouterr().out)
     assert replayed["step_time_s"] == pytest.approx(simulated["step_time_s"], rel=1e-9)
     assert main(replay) == 0 and "step time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("start", [
+    "hespas-ml simulate zoo:mlp --target A100-40GB --system ring:4x150 --json",
+    "hespas-ml predict 'zoo:resnet?depth=50&batch=32' --fidelity scalesim --target TPUv4",
+    "hespas-ml analyze ../shared/mlir/resnet_50_inference_step_4_devices_1024_batch.mlir",
+    "hespas-ml simulate ../shared/mlir/resnet_50_inference_step_4_devices_1024_batch.mlir --target H100",
+])
+def test_more_readme_commands_run_as_written(start, tmp_path, monkeypatch, capsys):
+    words = readme_command(start)
+    missing = [w for w in words if w.startswith("../shared/") and not (PROJECT_ROOT / w).exists()]
+    if missing:
+        pytest.skip(f"{missing[0]} is not here")
+    monkeypatch.chdir(PROJECT_ROOT)
+    assert main(words) == 0
+    assert capsys.readouterr().out.strip()
