@@ -6,6 +6,7 @@ PY     := $(VENV)/bin/python
 .PHONY: setup test quick demo bench clean
 
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(None if v == (3, 11) else "hespas-ml needs Python 3.11 (its pinned jax, torch and scalesim resolve together there); $(PYTHON) is %d.%d: run make with PYTHON=python3.11" % v)'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
