@@ -56,13 +56,14 @@ class SimulationResult:
     ranks: list[dict[str, Any]]
     regions: list[RegionRow]
     flops: float
-    bytes: float
+    bytes: float                         # per device, op by op (XLA's cost analysis: before any fusion)
     unmodelled: dict[str, int]
     warnings: list[str]
     timings: dict[str, float] = field(default_factory=dict)
     out_dir: str | None = None
     step_time_interval_s: tuple[float, float] | None = None   # when the fidelity gives intervals (surrogates)
     seen_in_training: bool | None = None     # a surrogate learned this program's regions (None: not a surrogate)
+    kernel_bytes: float = 0.0                # per device, moved by the split's kernels (what the times are of)
 
     def top_regions(self, k: int = 10) -> list[RegionRow]:
         comp = [r for r in self.regions if r.kind == "compute"]
@@ -78,6 +79,7 @@ class SimulationResult:
             "compute_time_s": self.compute_time_s,
             "exposed_comm_s": self.exposed_comm_s, "n_comp_nodes": self.n_comp_nodes,
             "n_comm_nodes": self.n_comm_nodes, "flops": self.flops, "bytes": self.bytes,
+            "kernel_bytes": self.kernel_bytes,
             "unmodelled": self.unmodelled, "warnings": self.warnings, "ranks": self.ranks,
             "top_regions": [{"id": r.id, "name": r.name, "count": r.count, "seconds": r.seconds,
                              "total_seconds": r.total_seconds, "flops": r.flops, "bytes": r.bytes,
@@ -210,7 +212,8 @@ def simulate(program, target: str = "H100", system: str | Path | None = None, *,
         n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=ranks, regions=rows,
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
-        step_time_interval_s=interval, seen_in_training=_seen_in_training(labels))
+        step_time_interval_s=interval, seen_in_training=_seen_in_training(labels),
+        kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"))
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result

@@ -91,7 +91,8 @@ def cmd_simulate(args) -> int:
       + (f"   (interval {format_seconds(interval[0])} .. {format_seconds(interval[1])})" if interval else "") + "\n")
     if res.seen_in_training:
         w("learned       the model learned this program's regions: its figures for it are not out of sample\n")
-    w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}, {_si(res.bytes, 'B')} per device)\n")
+    w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}; {_si(res.kernel_bytes, 'B')} moved by "
+      f"the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)

@@ -45,6 +45,8 @@ def test_simulate_with_collectives_reports_exposed_communication(capsys):
     assert res["exposed_comm_s"] > 0
     assert res["step_time_s"] >= res["compute_time_s"]
     assert res["step_time_s"] == pytest.approx(res["compute_time_s"] + res["exposed_comm_s"], rel=1e-6)
+    # bytes on the basis of the times (the fusion split's kernels) beside XLA's op-by-op count
+    assert 0 < res["kernel_bytes"] < res["bytes"]
 
 
 def test_simulate_out_dir_keeps_traces_configs_and_region_table(capsys, tmp_path):
@@ -57,6 +59,7 @@ def test_simulate_out_dir_keeps_traces_configs_and_region_table(capsys, tmp_path
     assert json.loads((out_dir / "comm_group.json").read_text()) == {"1": [0, 1], "2": [2, 3]}
     for name in ("network.yml", "system.json", "remote_memory.json"):
         assert (out_dir / "system" / name).is_file()
+    assert "moved by the fusion split's kernels" in out and "op by op; per device" in out
     lines = (out_dir / "regions.csv").read_text().splitlines()
     assert lines[0].startswith("region,kind,name")
     assert len(lines) == 1 + 5                          # 3 compute regions + 2 collectives
