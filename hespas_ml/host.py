@@ -112,3 +112,8 @@ def gpu_facts() -> dict[str, str] | None:
             facts["cuda_version"] = line.split("CUDA Version:")[1].split()[0].strip("|")
             break
     return facts
+
+
+def machine_name() -> str:
+    """This machine in a few words, as measured step times record it: ``AMD EPYC (2 cores)``."""
+    return f"{cpu_model()} ({schedulable_cores()} cores)"

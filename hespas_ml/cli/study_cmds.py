@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--experiment", default="studies", help="MLflow experiment (default: studies)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the study to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--other-machine", action="store_true",
+                   help="compare with host-cpu step times measured on another machine (the report says so)")
     p.add_argument("--dry-run", action="store_true", help="validate the spec and print its configurations")
     p.add_argument("--measure-host-cpu", metavar="CSV",
                    help="instead of a study: measure the spec's one-device workloads on this machine's CPU "
@@ -57,7 +59,7 @@ def cmd_study(args) -> int:
     if not args.out:
         raise StudyError(f"{args.spec}: give the output folder with --out DIR")
     res = run_study(args.spec, args.out, progress=not args.no_progress, mlflow=not args.no_mlflow,
-                    tracking_uri=args.tracking_uri, experiment=args.experiment)
+                    tracking_uri=args.tracking_uri, experiment=args.experiment, other_machine=args.other_machine)
     m = res.summary["metrics"]
     print(f"{res.report}: {int(m['configs_ok'])}/{int(m['configs'])} configurations timed "
           f"({int(m['configs_cached'])} from the cache) in {m['wall_s']:.1f} s")

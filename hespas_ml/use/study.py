@@ -484,15 +484,31 @@ def log_study(spec: StudySpec, out: Path, metrics: dict[str, float], files: list
 
 # ------------------------------------------------------------------------------------------ entry point
 
+def measured_elsewhere(measured: list) -> list[str]:
+    """The machines other than this one on which ``measured``'s host-cpu step times were taken (host-cpu is
+    whatever machine runs the study: its predictions are this machine's)."""
+    from ..host import machine_name
+
+    here = machine_name()
+    return sorted({m.extra.get("machine", "") for m in measured if m.target == "host-cpu"} - {"", here})
+
+
 def run_study(spec_path: str | os.PathLike[str], out: str | os.PathLike[str], *, progress: bool = True,
               mlflow: bool = True, tracking_uri: str | os.PathLike[str] | None = None,
-              experiment: str = "studies") -> StudyResult:
-    """Run (or resume) the study of ``spec_path`` into ``out``; see the module docstring."""
+              experiment: str = "studies", other_machine: bool = False) -> StudyResult:
+    """Run (or resume) the study of ``spec_path`` into ``out``; see the module docstring. Host-cpu step times
+    measured on another machine are refused (StudyError) unless ``other_machine``; then the report says so."""
+    from ..host import machine_name
     from .study_report import write_report
 
     t0 = time.perf_counter()
     spec = load_spec(spec_path)
     measured = read_measured(spec.measured, spec) if spec.measured else []
+    elsewhere = measured_elsewhere(measured)
+    if elsewhere and not other_machine:
+        raise StudyError(f"{spec.measured}: its host-cpu step times were measured on {', '.join(elsewhere)}, this "
+                         f"machine is {machine_name()}: host-cpu predictions are this machine's; measure here "
+                         "(hespas-ml study SPEC --measure-host-cpu CSV) or compare anyway with --other-machine")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     runner = _Runner(spec, out_dir, progress)
@@ -510,7 +526,8 @@ def run_study(spec_path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     metrics = summary_metrics(tables)
     metrics["wall_s"] = time.perf_counter() - t0
     summary = {"study": spec.name, "spec": str(spec.path), "metrics": metrics,
-               "unavailable": runner.unavailable, "measurements": [asdict(m) for m in measured]}
+               "unavailable": runner.unavailable, "measurements": [asdict(m) for m in measured],
+               "measured_elsewhere": elsewhere, "machine": machine_name()}
     report = write_report(out_dir / "report.html", spec, tables, summary)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     files += [out_dir / "summary.json", report]

@@ -47,7 +47,7 @@ def measure_host_cpu(spec: StudySpec, out_csv: str | os.PathLike[str], *, measur
     other processes hits one round of several programs rather than every round of one); its step time is
     the lowest round median, which filters interference from other work on a shared machine."""
     from ..label.profiling import ProfilingFidelity
-    from ..host import cpu_model, package_version, schedulable_cores
+    from ..host import machine_name, package_version
     from ..label.targets import HOST_CPU
 
     if not (measure_s > 0 and rounds >= 1 and min_repeats >= 1):
@@ -77,7 +77,7 @@ def measure_host_cpu(spec: StudySpec, out_csv: str | os.PathLike[str], *, measur
     results = json.loads(line)
     if "error" in results:
         raise MeasureError(f"{spec.path}: {results['error']}")
-    machine = f"{cpu_model()} ({schedulable_cores()} cores)"
+    machine = machine_name()
     method = METHOD.format(jax=package_version("jax"), min_repeats=min_repeats, rounds=rounds)
     rows = []
     for prog, runs in zip(programs, results["runs"]):

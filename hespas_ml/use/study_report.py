@@ -29,7 +29,7 @@ CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;
 color:#1d232a;background:#fff;line-height:1.45;padding:0 16px}
 h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;border-bottom:2px solid #e3e7ec;padding-bottom:4px;
-margin-top:34px}h3{font-size:16px;margin:22px 0 6px}p.note{color:#56606b;font-size:13px;margin:4px 0 10px}
+margin-top:34px}h3{font-size:16px;margin:22px 0 6px}p.note{color:#56606b;font-size:13px;margin:4px 0 10px}p.warn{color:#9a3b00;font-weight:600;margin:6px 0 10px}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0 14px}
 th,td{border:1px solid #d5dbe1;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#eef2f6;position:sticky;top:0}td.t,th.t{text-align:left}tr:nth-child(even) td{background:#f8fafc}
@@ -305,7 +305,12 @@ def _measurements(summary: dict[str, Any]) -> str:
                         else math.nan, "repeats": m["extra"].get("repeats", ""), "date": m["extra"].get("date", ""),
                         "method": m["extra"].get("method", "")} for m in ms])
     where = f" on {html.escape(', '.join(machines))}" if machines else ""
-    return (f"<details><summary>{len(ms)} measured step times{where} (how: the method column)</summary>"
+    elsewhere = summary.get("measured_elsewhere") or []
+    warning = (f'<p class="warn">The host-cpu step times were measured on {html.escape(", ".join(elsewhere))}, '
+               f'not on the machine that predicted them ({html.escape(summary.get("machine", ""))}): their '
+               "errors include the difference between the machines (run with --other-machine).</p>"
+               if elsewhere else "")
+    return (warning + f"<details><summary>{len(ms)} measured step times{where} (how: the method column)</summary>"
             + table_html(df, wrap=("method",)) + "</details>")
 
 

@@ -228,13 +228,37 @@ def test_a_workload_that_cannot_be_read_fails_alone(tmp_path):
     assert set(err["source"]) == {"roofline@individual"} and set(err["reference"]) == {"roofline"}
 
 
+def test_host_cpu_times_of_another_machine_are_refused_unless_asked_for(tmp_path, capsys):
+    """host-cpu is whatever machine runs the study: step times measured elsewhere are not its truth."""
+    from hespas_ml.host import machine_name
+
+    (tmp_path / "m.csv").write_text("workload,target,system,runtime_s,machine\n"
+                                    "g,host-cpu,single,0.001,Elsewhere CPU (64 cores)\n")
+    path = tmp_path / "study.yaml"
+    path.write_text(SPEC_OK.replace("reference: [roofline]", "measured: m.csv"))
+    assert cli_main(["study", str(path), "--out", str(tmp_path / "out"), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "m.csv: its host-cpu step times were measured on Elsewhere CPU (64 cores)" in err
+    assert machine_name() in err and "--other-machine" in err
+    res = run_study(path, tmp_path / "out", progress=False, mlflow=False, other_machine=True)
+    assert res.summary["measured_elsewhere"] == ["Elsewhere CPU (64 cores)"]
+    report = res.report.read_text()
+    assert "not on the machine that predicted them" in report and "Elsewhere CPU (64 cores)" in report
+    # measured here (or with no machine named): nothing to refuse
+    (tmp_path / "m.csv").write_text(f"workload,target,system,runtime_s,machine\ng,host-cpu,single,0.001,{machine_name()}\n")
+    here = run_study(path, tmp_path / "out2", progress=False, mlflow=False)
+    assert here.summary["measured_elsewhere"] == []
+    assert "not on the machine that predicted them" not in here.report.read_text()
+
+
 # ------------------------------------------------------------------------------------------ smoke study
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke-study")
     store = tmp_path_factory.mktemp("mlruns")
-    first = run_study(SMOKE, out, progress=False, tracking_uri=store, experiment="studies-test")
+    first = run_study(SMOKE, out, progress=False, tracking_uri=store, experiment="studies-test",
+                      other_machine=True)     # its host-cpu times are one VM's; this may be another
     return first, out, store
 
 
@@ -317,7 +341,7 @@ def test_smoke_study_resumes_from_its_cache(smoke, tmp_path):
     assert removed
     for f in removed:
         f.unlink()
-    again = run_study(SMOKE, out, progress=False, mlflow=False)
+    again = run_study(SMOKE, out, progress=False, mlflow=False, other_machine=True)
     c2 = again.tables["configs"]
     assert int(c2["cached"].sum()) == done - len(removed)
     # deterministic fidelities give the same times again; profiling re-times a region whose noisy label it
@@ -333,7 +357,7 @@ def test_a_study_does_not_resume_results_of_labels_that_changed_meaning(smoke, m
 
     _, out, _ = smoke
     monkeypatch.setattr(ProfilingFidelity, "LABEL_VERSION", ProfilingFidelity.LABEL_VERSION + 1)
-    configs = run_study(SMOKE, out, progress=False, mlflow=False).tables["configs"]
+    configs = run_study(SMOKE, out, progress=False, mlflow=False, other_machine=True).tables["configs"]
     profiling = (configs["fidelity"] == "profiling").to_numpy()
     ok = configs["status"].isin(["ok", "partial"]).to_numpy()
     assert (profiling & ok).sum() > 0 and not configs["cached"][profiling].any()
