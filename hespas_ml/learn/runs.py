@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..units import format_seconds
 from .config import LearnError, TrainConfig
 from .evaluate import op_families, split_report
 from .plots import plot_error_histogram, plot_parity
@@ -302,11 +303,16 @@ def train_and_register(dataset, config: TrainConfig, *, tracking_uri: str | os.P
         if previous is not None:
             warm_start(surrogate, previous.surrogate)
 
+        spent: list[float] = []
+
         def on_epoch(epoch: int, m: dict[str, float]) -> bool:
             log_metrics(mlflow, {("epoch_s" if k == "seconds" else k): v for k, v in m.items()
                                  if k != "epoch" and math.isfinite(v)}, step=epoch)
             val = f", validation median APE {100 * m['val_median_ape']:.3f}%" if "val_median_ape" in m else ""
-            say(f"  epoch {epoch}: train loss {m['train_loss']:.4g}{val} ({m.get('seconds', 0):.1f} s)")
+            spent.append(float(m.get("seconds", 0.0)))
+            left = (config.epochs - len(spent)) * sum(spent) / len(spent)
+            say(f"  epoch {epoch + 1}/{config.epochs}: train loss {m['train_loss']:.4g}{val} ({spent[-1]:.1f} s; "
+                f"at most {format_seconds(left)} left, less if validation stops improving)")
             return True
 
         t = time.perf_counter()
