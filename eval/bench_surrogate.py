@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hespas_ml.learn.registry import models_dir  # noqa: E402
 from hespas_ml.units import format_seconds  # noqa: E402
 
 _fmt = functools.partial(format_seconds, digits=2)
@@ -192,7 +193,8 @@ def per_region(models: Path, regions: list, repeats: int, skip: set[str]) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=os.environ.get("HESPAS_ML_MODELS", str(ROOT / "models")))
+    ap.add_argument("--models", default=str(models_dir()),
+                    help="folder of the shipped models (default: $HESPAS_ML_MODELS or the package's)")
     ap.add_argument("--dataset", help="dataset folder for the records (default: the smoke spec, built now)")
     ap.add_argument("--regions", type=int, default=5000, help="records for the throughput (default 5000)")
     ap.add_argument("--program", default=DEFAULT_PROGRAM, help="program of the per-region comparison")
