@@ -52,3 +52,13 @@ def test_more_readme_commands_run_as_written(start, tmp_path, monkeypatch, capsy
     monkeypatch.chdir(PROJECT_ROOT)
     assert main(words) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_the_readme_shows_what_make_demo_prints():
+    """The README's `make demo` block is the demo's own output (eval/readme_figures.py rewrites it)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--check"],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
