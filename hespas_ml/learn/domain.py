@@ -5,17 +5,18 @@ A :class:`Domain` is fitted on the regions a model trained on (their target-inde
 aggregate (:data:`~hespas_ml.learn.features.REGION_FEATURES`) and of the largest GEMM dimensions. A region
 is outside when it holds an op no training region held, or when one of those figures lies beyond the
 trained range by more than ``margin`` (the features are base-2 logarithms: a margin of 1 lets a region be
-up to twice as large or small as anything learned). The target is checked separately, against the hardware vectors the model saw
-(:meth:`~hespas_ml.learn.surrogate.Surrogate.hardware_outside_training`), and so are the labeller's
+up to twice as large or small as anything learned). The target is checked separately, against the hardware
+vectors the model saw (:meth:`~hespas_ml.learn.surrogate.Surrogate.hardware_outside_training`; not for a
+profiling model, whose machine the fidelity's caveat speaks for), and so are the labeller's
 options the labels were taken with (``label_options``): a SCALE-Sim label depends on its budget (a layer
 too slow to simulate in full within it is simulated without its memory stalls), so a model of labels
 taken with a 2 s budget does not know what the default labeller does with such a layer
 (:mod:`hespas_ml.learn.fidelity`).
 
 A network answers such a region anyway, usually as the nearest thing it knows, and its ensemble agrees on
-that answer: its interval says nothing about how wrong it is. So the surrogate fidelity widens the interval
-of an outside region to ``ood_half_width`` (log-space, what held-out families and sizes showed), warns,
-and can answer it from the labeller instead (:mod:`hespas_ml.learn.fidelity`).
+that answer: its interval says nothing about how wrong it is. So the surrogate widens the interval of an
+outside region to ``ood_half_width`` (log-space, what held-out families and sizes showed), and the surrogate
+fidelity warns and can answer it from the labeller instead (:mod:`hespas_ml.learn.fidelity`).
 """
 from __future__ import annotations
 
