@@ -24,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+from ..units import format_seconds
 from .config import LearnError, TrainConfig, read_yaml
 
 # Fields a search may not change: they define the data and the split the trials are compared on.
@@ -256,8 +258,16 @@ def run_search(dataset, base: TrainConfig, space: SearchSpace | str | os.PathLik
     train, val, _ = make_split(dataset, base)
     runs: dict[int, str] = {}
     parent = mlflow.active_run()
+    spent: list[float] = []
+
+    def progress_of(began: float) -> str:
+        """``k/N`` trials of this call and about how long the rest take, at this call's mean so far."""
+        spent.append(time.perf_counter() - began)
+        left = (trials - len(spent)) * sum(spent) / len(spent)
+        return f"[{len(spent)}/{trials}, {spent[-1]:.0f} s; about {format_seconds(left)} left]"
 
     def objective(trial: "optuna.Trial") -> float:
+        began = time.perf_counter()
         values = {p.name: p.suggest(trial) for p in space.params}
         config = space.to_config(base, values)
         run = mlflow.start_run(run_name=f"trial-{trial.number}", nested=parent is not None)
@@ -286,13 +296,13 @@ def run_search(dataset, base: TrainConfig, space: SearchSpace | str | os.PathLik
                 mlflow.set_tag("optuna.state", "PRUNED")
                 mlflow.log_metric("pruned_at_epoch", pruned[0])
                 status = "KILLED"
-                say(f"  trial {trial.number}: pruned at epoch {pruned[0]}")
+                say(f"  trial {trial.number}: pruned at epoch {pruned[0]}  {progress_of(began)}")
                 raise optuna.TrialPruned()
             value = float(surrogate.metrics["val_median_ape"])
             mlflow.log_metric("objective", value)
             mlflow.set_tag("optuna.state", "COMPLETE")
             status = "FINISHED"
-            say(f"  trial {trial.number}: validation median APE {100 * value:.3f}%  {values}")
+            say(f"  trial {trial.number}: validation median APE {100 * value:.3f}%  {values}  {progress_of(began)}")
             return value
         finally:
             mlflow.end_run(status=status)

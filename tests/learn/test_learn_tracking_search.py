@@ -154,9 +154,13 @@ def test_search_stores_trials_prunes_a_bad_one_nests_runs_and_registers_the_best
     from hespas_ml.learn import search
 
     # trial 0 is the base configuration; trial 1 (enqueued) cannot learn and is pruned against trial 0
+    said: list[str] = []
     out = train_and_register(smoke_ds, base, tracking_uri=store, trials=3, space=space, baselines=False,
-                             plots=False, enqueue=[{"lr": 1e-7, "hidden": 16}])
+                             plots=False, enqueue=[{"lr": 1e-7, "hidden": 16}], progress=said.append)
     res = out.search
+    trial_lines = [m for m in said if m.startswith("  trial ")]
+    assert [line.split("[")[1].split(",")[0] for line in trial_lines] == ["1/3", "2/3", "3/3"]
+    assert all("left]" in line for line in trial_lines) and "pruned" in trial_lines[1]
     assert (store / "optuna.db").is_file() and res.storage == f"sqlite:///{(store / 'optuna.db').resolve()}"
     study = optuna.load_study(study_name=res.study_name, storage=res.storage)
     states = [t.state for t in study.trials]
