@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
 from hespas_ml.label.dataset import load_dataset  # noqa: E402
+from hespas_ml.learn.domain import reason_kind  # noqa: E402
 from hespas_ml.learn.fidelity import load_model  # noqa: E402
 from hespas_ml.learn.tables import label_rows  # noqa: E402
 
@@ -62,8 +63,7 @@ def evaluate(model: str, dataset) -> dict:
             out[key][value] = _figures(truth[mask], pred.seconds[mask], pred.lower[mask], pred.upper[mask])
     for reasons in pred.outside or []:
         for reason in reasons:
-            words = reason.split(" ")
-            kind = f"{words[0]} {words[2]}" if words[2:3] in (["above"], ["below"]) else reason
+            kind = reason_kind(reason)
             out["reasons"][kind] = out["reasons"].get(kind, 0) + 1
     return out
 

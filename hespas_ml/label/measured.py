@@ -106,9 +106,9 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
         if row.get("target") != plan["target"]:
             raise MeasuredError(f"{plan_path}: the results were measured on {row.get('target')}, the plan is for "
                                 f"{plan['target']} (a rehearsal is not a measurement of the target)")
-    wanted_flags = _xla_flags({"meta": json.dumps({"xla_flags": (plan.get("profiling") or {}).get("xla_flags")})})
+    wanted_flags = kernel_flags((plan.get("profiling") or {}).get("xla_flags"))
     for row in [*labels.values(), *steps.values()]:
-        flags = _xla_flags(row)
+        flags = kernel_flags(_meta(row).get("xla_flags"))
         if flags != wanted_flags:
             what = f"region {row['hash'][:12]}…" if "hash" in row else f"program {row.get('source')}"
             raise MeasuredError(f"{plan_path}: {what} was timed with XLA_FLAGS {flags or '(none)'}, the plan with "
@@ -138,14 +138,18 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
 NEUTRAL_XLA_FLAGS = ("--xla_gpu_per_fusion_autotune_cache_dir=", "--xla_gpu_experimental_autotune_cache_mode=")
 
 
-def _xla_flags(row: dict[str, Any]) -> str | None:
-    """The XLA flags that change what a result row of a device run timed (None: XLA's own settings)."""
+def _meta(row: dict[str, Any]) -> dict[str, Any]:
+    """A result row's ``meta`` (JSON text), or nothing where it does not read."""
     try:
-        meta = json.loads(row.get("meta") or "{}")
+        return json.loads(row.get("meta") or "{}")
     except ValueError:
-        return None
-    flags = [f for f in (meta.get("xla_flags") or "").split() if not f.startswith(NEUTRAL_XLA_FLAGS)]
-    return " ".join(flags) or None
+        return {}
+
+
+def kernel_flags(flags: str | None) -> str | None:
+    """Those of ``flags`` (an XLA_FLAGS string) that change what XLA compiles (None: none)."""
+    kept = [f for f in (flags or "").split() if not f.startswith(NEUTRAL_XLA_FLAGS)]
+    return " ".join(kept) or None
 
 
 def csv_text(rows: list[dict[str, Any]], columns) -> str:

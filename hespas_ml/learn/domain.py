@@ -36,7 +36,15 @@ GEMM_FEATURES = ("log_gemm_m", "log_gemm_n", "log_gemm_k")
 FEATURES = (*REGION_FEATURES, *GEMM_FEATURES)
 DEFAULT_MARGIN = 1.0
 
-__all__ = ["DEFAULT_MARGIN", "Domain", "FEATURES", "domain_features", "learned_programs", "program_fingerprint"]
+__all__ = ["DEFAULT_MARGIN", "Domain", "FEATURES", "domain_features", "learned_programs", "program_fingerprint",
+           "reason_kind"]
+
+
+def reason_kind(reason: str) -> str:
+    """What kind of reason :meth:`Domain.outside` gave, for counting: ``log_bytes above the learned range``
+    for any ``log_bytes … above the learned …``; other reasons as they are."""
+    words = reason.split(" ")
+    return f"{words[0]} {words[2]} the learned range" if words[2:3] in (["above"], ["below"]) else reason
 
 
 def program_fingerprint(hashes: Iterable[str]) -> str:

@@ -36,7 +36,7 @@ from ..label.region_records import is_empty
 from ..label.registry import get_labeller
 from ..label.scalesim import require_systolic
 from .config import LearnError
-from .domain import program_fingerprint
+from .domain import program_fingerprint, reason_kind
 from .features import HW_FEATURES, hardware_vector, resolve_target
 from .registry import LoadedModel, load_surrogate, parse_model_ref
 from .surrogate import Surrogate
@@ -253,8 +253,7 @@ class SurrogateFidelity:
         reasons: dict[str, int] = {}
         for i in away:
             for reason in labels[i].meta["outside"]:
-                words = reason.split(" ")
-                kind = f"{words[0]} {words[2]} the learned range" if words[2:3] in (["above"], ["below"]) else reason
+                kind = reason_kind(reason)
                 reasons[kind] = reasons.get(kind, 0) + 1
         why = "; ".join(f"{k}: {n}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:4])
         chosen = self._fallback_for(target)

@@ -307,20 +307,11 @@ class Surrogate:
         """Calibrate the interval again on label positions ``index`` of ``dataset`` (split-conformal, as at
         fit), e.g. on whole families the model never learned, so that its intervals hold on such families
         and not only on regions like its validation set's. The point predictions do not change."""
-        self._require_net()
-        rows = label_rows(dataset, self.config.fidelity, None, None)
-        rows = rows[rows["pos"].isin(np.asarray(index))].reset_index(drop=True)
+        rows, pred = self.predict_rows(dataset, index)
         if rows.empty:
             raise LearnError(f"{dataset.path}: the index selects no usable {self.config.fidelity} labels")
-        targets = dataset_targets(dataset)
-        hashes = rows["hash"].to_numpy()
-        mean, std = np.zeros(len(rows)), np.zeros(len(rows))
-        for name in pd.unique(rows["target"]):
-            sel = np.flatnonzero(rows["target"].to_numpy() == name)
-            arrays = self.featuriser.regions_for(hashes[sel], dataset.region_graph)
-            mean[sel], std[sel], _ = self._predict_arrays(arrays, targets[name])
         y = np.log(rows["seconds"].to_numpy(dtype=np.float64))
-        self.calibration = IntervalCalibration.fit(mean, std, y, self.calibration.coverage)
+        self.calibration = IntervalCalibration.fit(np.log(pred.seconds), pred.spread, y, self.calibration.coverage)
         return self
 
     def evaluate(self, dataset, index) -> dict[str, Any]:
