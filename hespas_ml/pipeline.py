@@ -1,24 +1,217 @@
-"""The whole pipeline in one call: program -> op graph -> regions -> labels -> Chakra traces -> replay.
+"""The pipeline as plain stages, and :func:`simulate`, which runs them all for one question.
 
->>> from hespas_ml import simulate
->>> result = simulate("zoo:mlp", target="A100-40GB", system="ring:4x150")
->>> result.step_time_s
+A :class:`Question` is resolved once, where a command or an API call enters: its target, fidelity and
+system are objects from then on, and no stage looks a name up again. The stages can be called one by one:
+
+>>> from hespas_ml.pipeline import Question, ingest, split, label, replay
+>>> q = Question.resolve("zoo:mlp?devices=4", target="A100-40GB", system="ring:4x150")
+>>> graph = ingest(q.program, q.system)             # program -> op graph
+>>> regions = split(graph, q.split)                 # op graph -> compute regions and collectives
+>>> times = label(regions, q.fidelity, q.target)    # seconds of every compute region (and intervals)
+>>> step = replay(regions, times, q.system, q.replay)
+>>> step.step_time_s
+
+``simulate(...)`` is ``run(Question.resolve(...))``; sweeps and studies call the same stages and keep
+what they need of them.
 """
 from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .costs import graph_cost
+from .fidelities import get_fidelity
+from .ingest import load_program
 from .ingest.errors import HespasError
+from .ingest.graph import OpGraph
+from .label.fidelity import Fidelity, Label, label_caveats, label_in_chunks
+from .label.targets import Target, load_target
+from .replay import BACKENDS, ReplayError
+from .replay import replay as replay_traces
+from .replay.chakra import write_traces
+from .replay.system import SystemConfig, load_system, write_comm_groups, write_system
+from .replay.traces import TraceSet, build_traces
+from .split.regions import SPLITS, RegionGraph, SplitError, split_program
+from .split.signature import signatures
+
+SLOW = ("scalesim", "profiling")      # labellers that take seconds a region: shown with a progress bar
 
 
 class SimulationError(HespasError):
     pass
 
+
+# ------------------------------------------------------------------------------------------ the question
+
+@dataclass(frozen=True)
+class Question:
+    """What to simulate, resolved: the program (a source or an :class:`OpGraph`), the :class:`Target`, the
+    fidelity object that times its regions, the :class:`SystemConfig` (None for one device), the split and
+    the replay backend."""
+
+    program: str | OpGraph
+    target: Target
+    fidelity: Fidelity
+    system: SystemConfig | None = None
+    split: str = "fusion"
+    replay: str = "auto"
+    astra_sim_bin: str | None = None
+
+    @classmethod
+    def resolve(cls, program, target: Target | str = "H100", system: SystemConfig | str | Path | None = None, *,
+                fidelity: Fidelity | str = "roofline", split: str = "fusion", replay: str = "auto",
+                astra_sim_bin: str | None = None, fidelity_options: dict | None = None) -> "Question":
+        """Check every choice and load what names name, once: a bad split, replay backend, target, fidelity
+        or system is a one-line error before the program is read, and so is a fidelity that does not answer
+        for the target. ``fidelity_options`` go to the fidelity's constructor when it is given by name."""
+        if split not in SPLITS:
+            raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
+        if replay not in BACKENDS:
+            raise ReplayError(f"unknown replay backend {replay!r} (choose from {', '.join(BACKENDS)})")
+        tgt = target if isinstance(target, Target) else load_target(target)
+        fid = get_fidelity(fidelity, **(fidelity_options or {})) if isinstance(fidelity, str) else fidelity
+        fid.check_target(tgt)
+        if system is not None and not isinstance(system, SystemConfig):
+            system = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
+        if program is None or (not isinstance(program, OpGraph) and not str(program).strip()):
+            raise SimulationError("no program given (a .mlir path, a zoo: spec or an OpGraph)")
+        return cls(program if isinstance(program, OpGraph) else str(program), tgt, fid, system, split, replay,
+                   astra_sim_bin)
+
+
+# ------------------------------------------------------------------------------------------ the stages
+
+def ingest(program: str | Path | OpGraph, system: SystemConfig | None = None) -> OpGraph:
+    """The op graph of ``program`` for ``system`` (None: one device). A zoo spec is generated for the
+    system's device count; a program whose device count differs from the system's is refused."""
+    if isinstance(program, OpGraph):
+        graph = program
+    else:
+        graph = load_program(program, devices=system.n_npus if system else None)
+    n = graph.n_devices
+    if system is None and n > 1:
+        raise SimulationError(f"{graph.source or graph.name}: runs on {n} devices; give a system of {n} "
+                              f"(an ASTRA-sim folder or a spec such as ring:{n}x100)")
+    if system is not None and system.n_npus != n:
+        raise SimulationError(f"{graph.source or graph.name}: runs on {n} device(s) but system "
+                              f"{system.source} has {system.n_npus} NPUs")
+    return graph
+
+
+def split(graph: OpGraph, how: str = "fusion") -> RegionGraph:
+    """``graph`` cut into compute regions and collectives (``how``: one of :data:`SPLITS`)."""
+    return split_program(graph, how)
+
+
+@dataclass
+class RegionTimes:
+    """The labels of a program's compute regions: one label per distinct region (by signature), shared by
+    its repeats; ``seconds`` (and ``lower``/``upper`` when every ok label has an interval) by region id,
+    0 for collectives and for regions that could not be labelled."""
+
+    fidelity: str
+    signatures: list[str]                 # of rg.compute_regions(), in order
+    distinct: dict[str, Label]            # signature -> its label
+    seconds: list[float]
+    lower: list[float] | None = None
+    upper: list[float] | None = None
+
+    @property
+    def labels(self) -> list[Label]:
+        """One label per compute region, in order."""
+        return [self.distinct[s] for s in self.signatures]
+
+    def ok(self, signature: str) -> bool:
+        lab = self.distinct[signature]
+        return lab.status == "ok" and math.isfinite(lab.seconds)
+
+    @property
+    def failed(self) -> int:
+        """Compute regions that could not be labelled."""
+        return sum(not self.ok(s) for s in self.signatures)
+
+    @property
+    def caveats(self) -> list[str]:
+        return label_caveats(self.distinct.values())
+
+
+def label(regions: RegionGraph, fidelity: Fidelity, target: Target, *, progress: bool = False,
+          region_signatures: list[str] | None = None) -> RegionTimes:
+    """Time every distinct compute region of ``regions`` once with ``fidelity`` on ``target``.
+    ``progress``: a bar with an ETA on stderr while a slow labeller (SCALE-Sim, profiling) works.
+    ``region_signatures``: those of ``regions.compute_regions()``, when the caller has them."""
+    compute = regions.compute_regions()
+    sigs = region_signatures if region_signatures is not None else signatures(compute)
+    first: dict[str, Any] = {}
+    for r, s in zip(compute, sigs):
+        first.setdefault(s, r)
+    labels = label_in_chunks(fidelity, list(first.values()), target, desc=f"{fidelity.name} labels",
+                             progress=progress and fidelity.name in SLOW)
+    times = RegionTimes(fidelity.name, sigs, dict(zip(first, labels)), [0.0] * len(regions.regions))
+    bounds = [[0.0] * len(regions.regions), [0.0] * len(regions.regions)]
+    with_interval = False
+    for r, s in zip(compute, sigs):
+        if not times.ok(s):
+            continue
+        lab = times.distinct[s]
+        times.seconds[r.id] = float(lab.seconds)
+        iv = lab.meta.get("interval")
+        if iv is None:
+            bounds = None
+        elif bounds is not None:
+            bounds[0][r.id], bounds[1][r.id] = float(iv[0]), float(iv[1])
+            with_interval = True
+    if bounds is not None and with_interval:
+        times.lower, times.upper = bounds
+    return times
+
+
+@dataclass
+class Step:
+    """One replayed step: its time, split into compute and exposed communication, per rank."""
+
+    step_time_s: float
+    compute_time_s: float
+    exposed_comm_s: float
+    backend: str
+    ranks: list[dict[str, float]]
+    traces: TraceSet
+    interval_s: tuple[float, float] | None = None
+
+
+def replay(regions: RegionGraph, times: RegionTimes | list[float], system: SystemConfig | None,
+           backend: str = "auto", *, binary: str | None = None, workdir: str | Path | None = None,
+           interval: bool = True, traces: TraceSet | None = None) -> Step:
+    """The step time of ``regions`` with ``times`` (region seconds by id) on ``system``: Chakra traces
+    replayed by ASTRA-sim or the embedded replay; with one device (``system`` None or of one NPU), the
+    compute time itself. ``interval``: replay the lower and upper times too, when ``times`` has them.
+    ``traces``: the traces of ``times``, when the caller built them already."""
+    seconds = times.seconds if isinstance(times, RegionTimes) else list(times)
+    if traces is None:
+        traces = build_traces(regions, seconds, regions.n_devices)
+    if system is None or system.n_npus == 1:
+        step = Step(traces.compute_time_s, traces.compute_time_s, 0.0, "none (single device)",
+                    [{"rank": 0, "finish_s": traces.compute_time_s, "exposed_comm_s": 0.0}], traces)
+    else:
+        res = replay_traces(traces.traces, system, traces.comm_groups or None, backend=backend, binary=binary,
+                            workdir=workdir)
+        # ASTRA-sim's split: finish = compute on the last rank + exposed communication
+        step = Step(res.step_time_s, res.step_time_s - res.exposed_comm_s, res.exposed_comm_s, res.backend,
+                    [{"rank": r.rank, "finish_s": r.finish_ns * 1e-9, "exposed_comm_s": r.exposed_comm_ns * 1e-9}
+                     for r in res.ranks], traces)
+    if interval and isinstance(times, RegionTimes) and times.lower is not None:
+        ends = [replay(regions, bound, system, backend, binary=binary, interval=False).step_time_s
+                for bound in (times.lower, times.upper)]
+        step.interval_s = (min(ends[0], step.step_time_s), max(ends[1], step.step_time_s))
+    return step
+
+
+# ------------------------------------------------------------------------------------------ simulate
 
 @dataclass(slots=True)
 class RegionRow:
@@ -88,135 +281,74 @@ class SimulationResult:
         }
 
 
-SLOW = ("scalesim", "profiling")      # labellers that take seconds a region: shown with a progress bar
-
-
-def simulate(program, target: str = "H100", system: str | Path | None = None, *, fidelity: str = "roofline",
-             split: str = "fusion", replay: str = "auto", astra_sim_bin: str | None = None,
-             out: str | Path | None = None, fidelity_options: dict | None = None,
+def simulate(program, target: Target | str = "H100", system: SystemConfig | str | Path | None = None, *,
+             fidelity: Fidelity | str = "roofline", split: str = "fusion", replay: str = "auto",
+             astra_sim_bin: str | None = None, out: str | Path | None = None, fidelity_options: dict | None = None,
              progress: bool = False) -> SimulationResult:
     """Simulate one step of ``program`` (a .mlir path, a ``zoo:`` spec, or an :class:`OpGraph`) on
     ``system`` (an ASTRA-sim folder or a spec such as ``ring:4x150``; None for one device) built from
-    ``target`` accelerators, timing compute regions with ``fidelity``. When the fidelity's labels carry
-    an interval (``meta["interval"]``: the learned surrogates), the traces are replayed with the lower and
-    upper times too, giving ``step_time_interval_s``. ``fidelity_options`` are passed to the fidelity's
-    constructor (e.g. ``{"budget": Budget(seconds=2), "mode": "auto"}`` for ``scalesim``). ``progress``: a
-    progress bar with an ETA on stderr while a slow labeller (SCALE-Sim, profiling) times the regions."""
-    from .ingest import load_program
-    from .ingest.graph import OpGraph
-    from .label.fidelity import label_caveats, label_in_chunks
-    from .fidelities import get_fidelity
-    from .label.targets import load_target
-    from .replay import replay as run_replay
-    from .replay.system import load_system
-    from .replay.traces import build_traces
-    from .split.regions import split_program
+    ``target`` accelerators, timing compute regions with ``fidelity``: ``run(Question.resolve(...))``."""
+    question = Question.resolve(program, target, system, fidelity=fidelity, split=split, replay=replay,
+                                astra_sim_bin=astra_sim_bin, fidelity_options=fidelity_options)
+    return run(question, out=out, progress=progress)
 
+
+def run(question: Question, *, out: str | Path | None = None, progress: bool = False) -> SimulationResult:
+    """Run every stage for ``question``. When the fidelity's labels carry an interval (the learned
+    surrogates), the lower and upper times are replayed too, giving ``step_time_interval_s``. ``out``: keep
+    the Chakra traces, comm_group.json, the system files, regions.csv and result.json there."""
+    q = question
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    tgt = load_target(target)
-    fid = get_fidelity(fidelity, **(fidelity_options or {}))
-    fid.check_target(tgt)                 # refuse before the program is read, not after
-    sys_cfg = None
-    if system is not None:
-        sys_cfg = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
-    if isinstance(program, OpGraph):
-        graph = program
-    else:
-        graph = load_program(program, devices=sys_cfg.n_npus if sys_cfg else None)
-    timings["ingest"] = time.perf_counter() - t0
-
-    n = graph.n_devices
-    if sys_cfg is None and n > 1:
-        raise SimulationError(f"{graph.source or graph.name}: runs on {n} devices; give --system "
-                              f"(an ASTRA-sim folder or a spec such as ring:{n}x100)")
-    if sys_cfg is not None and sys_cfg.n_npus != n:
-        raise SimulationError(f"{graph.source or graph.name}: runs on {n} device(s) but system "
-                              f"{sys_cfg.source} has {sys_cfg.n_npus} NPUs")
-
+    t0 = t = time.perf_counter()
+    graph = ingest(q.program, q.system)
+    timings["ingest"] = time.perf_counter() - t
     t = time.perf_counter()
-    rg = split_program(graph, split)
+    rg = split(graph, q.split)
     timings["split"] = time.perf_counter() - t
-
     t = time.perf_counter()
-    compute = rg.compute_regions()
-    labels = label_in_chunks(fid, compute, tgt, desc=f"{fid.name} labels", progress=progress and fid.name in SLOW)
-    seconds = [0.0] * len(rg.regions)
-    rows: list[RegionRow] = []
-    failed = 0
-    for r, lab in zip(compute, labels):
-        if lab.status != "ok":
-            failed += 1
-        seconds[r.id] = lab.seconds if lab.status == "ok" else 0.0
-    by_id = {r.id: lab for r, lab in zip(compute, labels)}
-    bounds = _interval_seconds(compute, labels, len(rg.regions))
-    for r in rg.regions:
-        if r.kind == "compute":
-            lab = by_id[r.id]
-            rows.append(RegionRow(r.id, "compute", rg.describe(r), r.count, r.flops, r.bytes, seconds[r.id],
-                                  lab.meta.get("bound", "")))
-        else:
-            rows.append(RegionRow(r.id, "collective", rg.describe(r), r.count, 0.0, 0.0, 0.0, "network",
-                                  r.collective.comm_bytes))
-    if failed:
-        graph.warnings.append(f"{failed} region(s) could not be labelled by {fid.name}; counted as 0 s")
-    graph.warnings.extend(label_caveats(labels))
+    times = label(rg, q.fidelity, q.target, progress=progress)
     timings["label"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    traces = build_traces(rg, seconds, n)
-    timings["traces"] = time.perf_counter() - t
-
-    t = time.perf_counter()
+    if times.failed:
+        graph.warnings.append(f"{times.failed} region(s) could not be labelled by {q.fidelity.name}; counted as 0 s")
+    graph.warnings.extend(times.caveats)
+    rows = _region_rows(rg, times)
     out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
-        _write_outputs(out_dir, graph.name, traces, sys_cfg, rows)
-    if sys_cfg is None:
-        backend = "none (single device)"
-        step = compute_s = traces.encoded_compute_s
-        exposed = 0.0
-        ranks = [{"rank": 0, "finish_s": step, "exposed_comm_s": 0.0}]
-    else:
-        res = run_replay(traces.traces, sys_cfg, traces.comm_groups or None, backend=replay,
-                         binary=astra_sim_bin, workdir=(out_dir / "astra-sim") if out_dir else None)
-        backend = res.backend
-        step = res.step_time_s
-        exposed = res.exposed_comm_s
-        compute_s = step - exposed        # ASTRA-sim's split: finish = compute on the last rank + exposed
-        ranks = [{"rank": rr.rank, "finish_s": rr.finish_ns * 1e-9, "exposed_comm_s": rr.exposed_comm_ns * 1e-9}
-                 for rr in res.ranks]
+    t = time.perf_counter()
+    traces = build_traces(rg, times.seconds, graph.n_devices)
+    if out_dir is not None:                 # before the replay, so that a failing replay leaves its inputs
+        _write_outputs(out_dir, graph.name, traces, q.system, rows)
+    step = replay(rg, times, q.system, q.replay, binary=q.astra_sim_bin, traces=traces,
+                  workdir=(out_dir / "astra-sim") if out_dir and q.system else None)
     timings["replay"] = time.perf_counter() - t
-
-    interval = None
-    if bounds is not None:
-        t = time.perf_counter()
-        ends = []
-        for secs in bounds:
-            tr = build_traces(rg, secs, n)
-            if sys_cfg is None:
-                ends.append(tr.encoded_compute_s)
-            else:
-                ends.append(run_replay(tr.traces, sys_cfg, tr.comm_groups or None, backend=replay,
-                                       binary=astra_sim_bin).step_time_s)
-        interval = (min(ends[0], step), max(ends[1], step))
-        timings["replay_interval"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-
-    from .costs import graph_cost
     totals = graph_cost(graph)
-    n_comp, n_comm = traces.node_counts(0)
+    n_comp, n_comm = step.traces.node_counts(0)
     result = SimulationResult(
-        program=str(graph.source or graph.name), target=tgt.name, fidelity=fid.name, split=split,
-        system=sys_cfg.source if sys_cfg else "single device", replay=backend, n_devices=n,
-        step_time_s=step, compute_time_s=compute_s, exposed_comm_s=exposed,
-        n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=ranks, regions=rows,
+        program=str(graph.source or graph.name), target=q.target.name, fidelity=q.fidelity.name, split=q.split,
+        system=q.system.source if q.system else "single device", replay=step.backend, n_devices=graph.n_devices,
+        step_time_s=step.step_time_s, compute_time_s=step.compute_time_s, exposed_comm_s=step.exposed_comm_s,
+        n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=step.ranks, regions=rows,
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
-        step_time_interval_s=interval, seen_in_training=_seen_in_training(labels),
+        step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.labels),
         kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"))
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _region_rows(rg: RegionGraph, times: RegionTimes) -> list[RegionRow]:
+    by_id = {r.id: s for r, s in zip(rg.compute_regions(), times.signatures)}
+    rows = []
+    for r in rg.regions:
+        if r.kind == "compute":
+            lab = times.distinct[by_id[r.id]]
+            rows.append(RegionRow(r.id, "compute", rg.describe(r), r.count, r.flops, r.bytes, times.seconds[r.id],
+                                  lab.meta.get("bound", "")))
+        else:
+            rows.append(RegionRow(r.id, "collective", rg.describe(r), r.count, 0.0, 0.0, 0.0, "network",
+                                  r.collective.comm_bytes))
+    return rows
 
 
 def _seen_in_training(labels) -> bool | None:
@@ -226,25 +358,7 @@ def _seen_in_training(labels) -> bool | None:
     return said.pop() if len(said) == 1 else None
 
 
-def _interval_seconds(compute, labels, n_regions: int) -> tuple[list[float], list[float]] | None:
-    """Per-region lower and upper seconds when every ok label carries ``meta["interval"]``, else None."""
-    lower, upper = [0.0] * n_regions, [0.0] * n_regions
-    seen = False
-    for r, lab in zip(compute, labels):
-        if lab.status != "ok":
-            continue
-        iv = lab.meta.get("interval")
-        if iv is None:
-            return None
-        lower[r.id], upper[r.id] = float(iv[0]), float(iv[1])
-        seen = True
-    return (lower, upper) if seen else None
-
-
 def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionRow]) -> Path:
-    from .replay.chakra import write_traces
-    from .replay.system import write_comm_groups, write_system
-
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / "et" / name
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -260,3 +374,7 @@ def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionR
             w.writerow([r.id, r.kind, r.name, r.count, f"{r.flops:.6g}", f"{r.bytes:.6g}", r.comm_bytes,
                         f"{r.seconds:.6g}", f"{r.total_seconds:.6g}", r.bound])
     return prefix
+
+
+__all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "ingest", "label",
+           "replay", "run", "simulate", "split"]

@@ -164,13 +164,11 @@ def cmd_train(args) -> int:
 # ------------------------------------------------------------------------------------------------ predict
 
 def cmd_predict(args) -> int:
+    from .. import pipeline
     from ..ingest import load_program
     from ..label.targets import load_target
     from ..learn.config import LearnError
-    from ..label.fidelity import label_caveats
     from ..learn.fidelity import SurrogateFidelity
-    from ..split.regions import split_program
-    from ..split.signature import region_signature
 
     if args.model is None and args.fidelity is None:
         raise LearnError("predict: give --fidelity (its shipped model) or --model")
@@ -181,13 +179,13 @@ def cmd_predict(args) -> int:
     t_load = time.perf_counter() - t0
     target = load_target(args.target)
     graph = load_program(args.program, devices=args.devices)
-    rg = split_program(graph, args.split)
+    rg = pipeline.split(graph, args.split)
     compute = rg.compute_regions()
     t = time.perf_counter()
-    labels = fid.label_regions(compute, target)
+    times = pipeline.label(rg, fid, target)
     t_pred = time.perf_counter() - t
-    users = graph.users()
-    n_unique = len({region_signature(r, users) for r in compute})
+    labels = times.labels
+    n_unique = len(times.distinct)
     rows = []
     for r, lab in zip(compute, labels):
         rows.append({"id": r.id, "name": rg.describe(r), "count": r.count, "seconds": lab.seconds,
@@ -204,7 +202,7 @@ def cmd_predict(args) -> int:
               "total_interval_s": [low, high], "roofline_total_s": roof,
               "n_outside_domain": sum(1 for x in rows if x["in_domain"] is False),
               "timings_s": {"load_model": t_load, "predict": t_pred}, "regions": rows,
-              "warnings": label_caveats(labels)}
+              "warnings": times.caveats}
     for msg in result["warnings"]:
         print(f"warning: {msg}", file=sys.stderr)
     if args.json:

@@ -11,10 +11,8 @@ target, source — and writes, into the output folder:
 * ``cache/``: one JSON per finished configuration and per (workload, system, split) region list, so a
   study that is killed keeps what it finished and a second run only re-renders.
 
-A configuration is timed like :func:`hespas_ml.pipeline.simulate` does it — ingest, split, label the
-compute regions, build the traces, replay them — except that each distinct region (by
-:func:`~hespas_ml.split.signature.region_signature`) is labelled once, and a one-device step time is the
-exact sum of its regions' times (``simulate`` reports it rounded to whole microseconds per trace node).
+A configuration is timed by the stages of :mod:`hespas_ml.pipeline`, as ``simulate`` times a program:
+each workload is ingested and split once per system, then labelled and replayed per target and source.
 A configuration whose source could not time every region is ``partial`` and left out of the step-time
 metrics (its regions still enter the region comparisons). The study is logged to MLflow as one run.
 """
@@ -31,9 +29,11 @@ from typing import Any
 
 import pandas as pd
 
+from .. import pipeline
 from ..ingest.errors import HespasError
-from ..label.fidelity import label_caveats
 from ..fidelities import changed_label_versions, get_fidelity, surrogate_model
+from ..replay.system import load_system
+from ..split.signature import signatures
 from . import study_metrics as M
 from .study_spec import MEASURED, SINGLE, SourceSpec, StudySpec, load_spec, read_measured
 
@@ -80,8 +80,6 @@ class _Prepared:
     rg: Any
     compute: list
     signatures: list[str]
-    unique: list                      # one representative region per signature, first-occurrence order
-    unique_signatures: list[str]
     infos: list[dict[str, Any]]
     n_devices: int
 
@@ -124,7 +122,7 @@ def _reason(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
-def _noise(fidelity: str, prep: _Prepared, labels: list) -> float:
+def _noise(fidelity: str, prep: _Prepared, times: pipeline.RegionTimes) -> float:
     """Time-weighted mean relative spread (IQR / median) of a configuration's labels; NaN when unknown."""
     from ..label.dataset_labels import label_noise
 
@@ -132,7 +130,7 @@ def _noise(fidelity: str, prep: _Prepared, labels: list) -> float:
     for r, s in zip(prep.compute, prep.signatures):
         count[s] = count.get(s, 0) + r.count
     num = den = 0.0
-    for sig, lab in zip(prep.unique_signatures, labels):
+    for sig, lab in times.distinct.items():
         noise = label_noise(fidelity, lab.meta) if lab.status == "ok" else None
         if noise is None or not math.isfinite(lab.seconds):
             continue
@@ -211,41 +209,23 @@ class _Runner:
 
     # -- preparation ----------------------------------------------------------------------------------
     def _prepare(self, program: str, system: str, split: str) -> _Prepared:
-        from ..ingest import load_program
-        from ..replay.system import load_system
-        from ..split.regions import split_program
-        from ..split.signature import signatures
         from .study_regions import region_infos
 
-        n = None if system == SINGLE else load_system(system).n_npus
-        graph = load_program(program, devices=n)
-        if n is None and graph.n_devices > 1:
-            raise StudyError(f"{program}: runs on {graph.n_devices} devices; give the workload systems "
-                             f"(e.g. ring:{graph.n_devices}x100)")
-        if n is not None and graph.n_devices != n:
-            raise StudyError(f"{program}: runs on {graph.n_devices} device(s) but system {system} has {n}")
-        rg = split_program(graph, split)
+        graph = pipeline.ingest(program, None if system == SINGLE else load_system(system))
+        rg = pipeline.split(graph, split)
         compute = rg.compute_regions()
         sigs = signatures(compute)
-        unique: dict[str, Any] = {}
-        for r, s in zip(compute, sigs):
-            unique.setdefault(s, r)
-        return _Prepared(rg, compute, sigs, list(unique.values()), list(unique), region_infos(rg, compute, sigs),
-                         graph.n_devices)
+        return _Prepared(rg, compute, sigs, region_infos(rg, compute, sigs), graph.n_devices)
 
     # -- one configuration ----------------------------------------------------------------------------
     def _time(self, prep: _Prepared, w, system: str, target: str, src: SourceSpec) -> ConfigResult:
-        from ..replay import replay as run_replay
-        from ..replay.system import load_system
-        from ..replay.traces import build_traces
-
         res = ConfigResult(w.name, system, target, src.name, "failed", n_devices=prep.n_devices,
-                           regions=len(prep.compute), unique_regions=len(prep.unique))
+                           regions=len(prep.compute), unique_regions=len(set(prep.signatures)))
         fid = self.fidelities[src.name]
         tgt = self.targets[target]
         t0 = time.perf_counter()
         try:
-            labels = fid.label_regions(prep.unique, tgt)
+            times = pipeline.label(prep.rg, fid, tgt, region_signatures=prep.signatures)
         except HespasError as exc:
             res.status, res.reason = "unavailable", _reason(exc)
             return res
@@ -253,33 +233,21 @@ class _Runner:
             res.reason = _reason(exc)
             return res
         res.label_s = time.perf_counter() - t0
-        res.reason = "; ".join(label_caveats(labels))
-        by_sig: dict[str, float | None] = {}
-        for sig, lab in zip(prep.unique_signatures, labels):
-            ok = lab.status == "ok" and math.isfinite(lab.seconds)
-            by_sig[sig] = float(lab.seconds) if ok else None
-        res.region_seconds = by_sig
-        res.label_noise = _noise(src.fidelity, prep, labels)
-        res.failed_regions = sum(v is None for v in by_sig.values())
-        seconds = [0.0] * len(prep.rg.regions)
-        for r, s in zip(prep.compute, prep.signatures):
-            seconds[r.id] = by_sig[s] or 0.0
+        res.reason = "; ".join(times.caveats)
+        res.region_seconds = {s: float(lab.seconds) if times.ok(s) else None for s, lab in times.distinct.items()}
+        res.label_noise = _noise(src.fidelity, prep, times)
+        res.failed_regions = sum(v is None for v in res.region_seconds.values())
         try:
-            traces = build_traces(prep.rg, seconds, prep.n_devices)
-            if system == SINGLE:
-                res.step_time_s = res.compute_s = traces.compute_time_s
-                res.exposed_comm_s, res.replay = 0.0, "none (single device)"
-            else:
-                cfg = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
-                out = run_replay(traces.traces, cfg, traces.comm_groups or None, backend=self.spec.replay)
-                res.step_time_s, res.exposed_comm_s = out.step_time_s, out.exposed_comm_s
-                res.compute_s, res.replay = out.step_time_s - out.exposed_comm_s, out.backend
+            cfg = None if system == SINGLE else load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
+            step = pipeline.replay(prep.rg, times, cfg, self.spec.replay, interval=False)
         except Exception as exc:  # noqa: BLE001
             res.reason = _reason(exc)
             return res
+        res.step_time_s, res.exposed_comm_s = step.step_time_s, step.exposed_comm_s
+        res.compute_s, res.replay = step.compute_time_s, step.backend
         res.status = "ok" if res.failed_regions == 0 else "partial"
         if res.failed_regions:
-            failed = f"{res.failed_regions} of {len(by_sig)} distinct regions could not be timed"
+            failed = f"{res.failed_regions} of {len(res.region_seconds)} distinct regions could not be timed"
             res.reason = f"{failed}; {res.reason}" if res.reason else failed
         return res
 

@@ -122,8 +122,6 @@ class _Sweep:
         self.labels: dict[tuple[str, str, str], tuple[bool, float, float, float, str]] = {}
         self.signatures: set[str] = set()
         self.system_cfgs: dict[tuple[str, float], Any] = {}
-        self.targets: dict[str, Any] = {}
-        self.fidelities: dict[str, Any] = {}
 
     # -- folder ---------------------------------------------------------------------------------
     def chunk_path(self, cid: int) -> Path:
@@ -278,16 +276,10 @@ class _Sweep:
         return self.payloads(p, result, chunks, compute, sigs)
 
     def target(self, name: str):
-        if name not in self.targets:
-            from ..label.targets import load_target
-            self.targets[name] = load_target(name)
-        return self.targets[name]
+        return self.spec.target_objects[name]
 
     def fidelity(self, name: str):
-        if name not in self.fidelities:
-            from ..fidelities import get_fidelity
-            self.fidelities[name] = get_fidelity(name)
-        return self.fidelities[name]
+        return self.spec.fidelity_objects[name]
 
     def label(self, sigs: list[str], regions: list, target: str, fidelity: str) -> None:
         try:

@@ -123,6 +123,9 @@ class SweepSpec:
     chunk_size: int
     param_columns: dict[str, str]                  # grid parameter -> "int" | "float" | "bool" | "str"
     notes: list[str] = field(default_factory=list)
+    # what the names above name, loaded once while the spec is checked (the sweep uses these objects)
+    target_objects: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    fidelity_objects: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def variants(self) -> list[Variant]:
@@ -200,6 +203,8 @@ class _Loader:
         self.path = path
         self.data = data
         self.notes: list[str] = []
+        self.target_objects: dict[str, Any] = {}
+        self.fidelity_objects: dict[str, Any] = {}
 
     def fail(self, problem: str) -> SweepSpecError:
         return SweepSpecError(f"{self.path}: {problem}")
@@ -230,7 +235,8 @@ class _Loader:
         programs, columns = self.programs()
         systems = self.systems(sorted({p.devices for p in programs}))
         return SweepSpec(str(self.path), str(d.get("name") or self.path.stem), split, programs, targets, costs,
-                         fidelities, replays, systems, chunk, columns, self.notes)
+                         fidelities, replays, systems, chunk, columns, self.notes, self.target_objects,
+                         self.fidelity_objects)
 
     # -- targets, costs, fidelities ----------------------------------------------------------------
     def targets(self) -> list[str]:
@@ -242,12 +248,13 @@ class _Loader:
             if ("/" in ref or ref.endswith((".yaml", ".yml"))) and candidate.exists():
                 ref = str(candidate)
             try:
-                load_target(ref)
+                target = load_target(ref)
             except HespasError as exc:
                 raise self.fail(f"target '{t}': {exc}") from None
             if ref in names:
                 raise self.fail(f"target '{t}' is listed twice")
             names.append(ref)
+            self.target_objects[ref] = target
         return names
 
     def costs(self, targets: list[str]) -> dict[str, float]:
@@ -266,9 +273,8 @@ class _Loader:
     def note_caveats(self, fidelities: list[str], targets: list[str]) -> None:
         """Notes for what a learned fidelity says about a target (e.g. a profiling surrogate on a host-cpu
         that is not the machine it learned)."""
-        from ..fidelities import get_fidelity
         for name in fidelities:
-            caveat = getattr(get_fidelity(name), "caveat", None)
+            caveat = getattr(self.fidelity_objects[name], "caveat", None)
             if callable(caveat):
                 self.notes.extend(note for note in dict.fromkeys(caveat(t) for t in targets) if note)
 
@@ -278,11 +284,11 @@ class _Loader:
         for f in _as_list(self.data.get("fidelities", ["default"])):
             name = str(f).strip()
             if name == "default":
-                name = resolve_default_fidelity()
+                name, fid = resolve_default_fidelity()
                 self.notes.append(f"fidelity 'default' is {name}")
             else:
                 try:
-                    get_fidelity(name)
+                    fid = get_fidelity(name)
                 except HespasError as exc:
                     raise self.fail(f"fidelity '{f}': {exc}") from None
                 except Exception as exc:  # noqa: BLE001 - a fidelity that cannot start is a spec problem
@@ -290,6 +296,7 @@ class _Loader:
             if name in out:
                 raise self.fail(f"fidelity '{name}' is listed twice")
             out.append(name)
+            self.fidelity_objects[name] = fid
         return out
 
     # -- workloads --------------------------------------------------------------------------------
@@ -530,13 +537,12 @@ def _kind(v: Any) -> str:
     return "str"
 
 
-def resolve_default_fidelity() -> str:
-    """The first of :data:`DEFAULT_FIDELITIES` that :func:`get_fidelity` can build."""
+def resolve_default_fidelity() -> tuple[str, Any]:
+    """The first of :data:`DEFAULT_FIDELITIES` that :func:`get_fidelity` can build, and the fidelity."""
     from ..fidelities import get_fidelity
-    for name in DEFAULT_FIDELITIES:
+    for name in DEFAULT_FIDELITIES[:-1]:
         try:
-            get_fidelity(name)
-            return name
+            return name, get_fidelity(name)
         except Exception:  # noqa: BLE001 - not available (yet): try the next one
             continue
-    return DEFAULT_FIDELITIES[-1]
+    return DEFAULT_FIDELITIES[-1], get_fidelity(DEFAULT_FIDELITIES[-1])

@@ -148,7 +148,7 @@ RESULT_FIELDS = ("config_id", "status", "error", "step_time_s", "compute_time_s"
 def _evaluate(traces, plans, system, v: dict[str, Any], configs, info, stats) -> dict[str, Any]:
     n = traces[0].n_ranks
     if system.n_npus == 1:
-        steps = [(s.encoded_compute_s, 0.0) for s in traces]
+        steps = [(s.compute_time_s, 0.0) for s in traces]    # one device: no replay, the exact sum
         engine = "none"
     else:
         key = (system.name, v["mem_bw_gbps"])

@@ -1,0 +1,127 @@
+"""The pipeline's stages one by one, the question resolved once at the door, and simulate as their sum."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hespas_ml.fidelities import get_fidelity
+from hespas_ml.ingest.errors import HespasError
+from hespas_ml.label.targets import load_target
+from hespas_ml.pipeline import Question, RegionTimes, SimulationError, ingest, label, replay, run, simulate, split
+from hespas_ml.replay import ReplayError, find_binary, load_system
+from hespas_ml.replay.chakra import read_traces
+
+from conftest import shared_path
+
+MLP_DP = "zoo:mlp?layers=3&width=128&batch=64&step=train&parallel=dp"
+ONE_DEVICE = str(shared_path("mlir", "jax_example.mlir"))
+
+
+class CountingFidelity:
+    """A real fidelity, counting the regions it is asked to label."""
+
+    def __init__(self, fid):
+        self.fid, self.name, self.asked = fid, fid.name, 0
+
+    def check_target(self, target):
+        self.fid.check_target(target)
+
+    def label_regions(self, regions, target):
+        self.asked += len(regions)
+        return self.fid.label_regions(regions, target)
+
+
+def test_the_stages_one_by_one_give_simulates_answer():
+    q = Question.resolve(MLP_DP, target="A100-40GB", system="ring:4x150")
+    graph = ingest(q.program, q.system)
+    assert graph.n_devices == 4
+    regions = split(graph, q.split)
+    times = label(regions, q.fidelity, q.target)
+    step = replay(regions, times, q.system, q.replay)
+    whole = simulate(MLP_DP, target="A100-40GB", system="ring:4x150")
+    assert (step.step_time_s, step.exposed_comm_s, step.compute_time_s) == \
+           (whole.step_time_s, whole.exposed_comm_s, whole.compute_time_s)
+    assert step.exposed_comm_s > 0 and step.traces.node_counts(0) == (whole.n_comp_nodes, whole.n_comm_nodes)
+    assert run(q).step_time_s == whole.step_time_s
+
+
+def test_a_question_is_resolved_once_and_passes_objects_through():
+    target = load_target("H100")
+    fid = get_fidelity("roofline")
+    system = load_system("ring:4x150", local_mem_bw_gbps=target.mem_bw / 1e9)
+    q = Question.resolve(MLP_DP, target, system, fidelity=fid)
+    assert q.target is target and q.fidelity is fid and q.system is system
+    named = Question.resolve(MLP_DP, "H100", "ring:4x150")
+    assert named.target == target and named.fidelity.name == "roofline"
+    assert named.system.n_npus == 4 and named.system.system["local-mem-bw"] == pytest.approx(target.mem_bw / 1e9)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"split": "blocks"}, "unknown split 'blocks'"),
+    ({"replay": "ns3"}, "unknown replay backend 'ns3'"),
+    ({"target": "Z80"}, "Z80"),
+    ({"fidelity": "roofline-plus"}, "roofline-plus"),
+    ({"fidelity": "scalesim", "target": "H100"}, "systolic"),
+    ({"system": "torus:4x1"}, "torus"),
+])
+def test_a_bad_choice_is_refused_before_the_program_is_read(kwargs, expected):
+    with pytest.raises(HespasError, match=expected) as info:
+        Question.resolve("no/such/program.mlir", **kwargs)
+    assert "no/such/program.mlir" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ingest_refuses_a_program_its_system_cannot_run():
+    with pytest.raises(SimulationError, match="runs on 4 devices; give a system of 4"):
+        ingest(f"{MLP_DP}&devices=4")
+    with pytest.raises(SimulationError, match="but system ring:2x100 has 2 NPUs"):
+        ingest(shared_path("mlir", "maxtext", "llama3-100m-4dev.mlir"), load_system("ring:2x100"))
+    assert ingest(MLP_DP, load_system("ring:2x100")).n_devices == 2       # a zoo spec follows its system
+
+
+def test_label_times_each_distinct_region_once_and_shares_it_with_its_repeats():
+    graph = ingest("zoo:llama?layers=3&d_model=64&heads=2&vocab=128&seq=32&batch=2&step=infer")
+    regions = split(graph)
+    target = load_target("H100")
+    counting = CountingFidelity(get_fidelity("roofline"))
+    times = label(regions, counting, target)
+    compute = regions.compute_regions()
+    assert counting.asked == len(times.distinct) < len(compute)
+    one_by_one = get_fidelity("roofline").label_regions(compute, target)
+    assert [lab.seconds for lab in times.labels] == [lab.seconds for lab in one_by_one]
+    assert [times.seconds[r.id] for r in compute] == [lab.seconds for lab in one_by_one]
+    assert all(times.seconds[r.id] == 0.0 for r in regions.collectives())
+    assert times.lower is None and times.failed == 0
+
+
+def test_one_device_step_is_the_exact_sum_of_its_regions():
+    res = simulate(ONE_DEVICE, target="H100")
+    exact = sum(r.total_seconds for r in res.regions if r.kind == "compute")
+    assert res.step_time_s == pytest.approx(exact, rel=1e-12) and res.exposed_comm_s == 0.0
+    assert res.step_time_s * 1e6 != round(res.step_time_s * 1e6)       # not rounded to whole microseconds
+    assert res.replay == "none (single device)"
+
+
+def test_intervals_are_replayed_when_the_labels_carry_them():
+    q = Question.resolve(ONE_DEVICE, "H100", fidelity="surrogate:roofline", fidelity_options={"fallback": "off"})
+    regions = split(ingest(q.program, q.system))
+    times = label(regions, q.fidelity, q.target)
+    assert isinstance(times, RegionTimes) and times.lower is not None
+    step = replay(regions, times, q.system, q.replay)
+    lo, hi = step.interval_s
+    assert lo < step.step_time_s < hi
+    assert (lo, hi) == pytest.approx((sum(times.lower[r.id] * r.count for r in regions.compute_regions()),
+                                      sum(times.upper[r.id] * r.count for r in regions.compute_regions())))
+    assert replay(regions, times, q.system, q.replay, interval=False).interval_s is None
+    many = simulate("zoo:mlp?layers=4&width=2048&batch=512&step=train&parallel=dp", "H100", "ring:4x150",
+                    fidelity="surrogate:roofline", fidelity_options={"fallback": "off"})
+    lo, hi = many.step_time_interval_s             # whole microseconds per trace node: may be one point
+    assert lo <= many.step_time_s <= hi
+
+
+@pytest.mark.skipif(find_binary(None) is not None, reason="an ASTRA-sim binary is installed here")
+def test_simulate_out_keeps_its_traces_when_the_replay_fails(tmp_path):
+    with pytest.raises(ReplayError, match="no AstraSim"):
+        simulate(MLP_DP, target="H100", system="ring:2x100", replay="astra-sim", out=tmp_path)
+    prefix = Path(tmp_path) / "et" / next((tmp_path / "et").iterdir()).name.split(".")[0]
+    assert len(read_traces(prefix, 2)) == 2 and (tmp_path / "regions.csv").is_file()
