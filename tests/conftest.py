@@ -1,6 +1,8 @@
 """Shared fixtures. Reference material lives beside the project in ../shared/ (never copied into it)."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,16 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"reference material {path} is absent (../shared/ not beside the project)")
     return path
+
+
+def eval_script(name: str):
+    """The module of the script ``eval/<name>.py`` (the dataset importers live there), loaded once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "eval" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,11 @@ import pytest
 from hespas_ml.fidelities import FIDELITIES, get_fidelity
 from hespas_ml.ingest import parse_file
 from hespas_ml.label.fidelity import FidelityError
-from hespas_ml.label.neusight import module_text
 from hespas_ml.label.scalesim_worker import Budget
 from hespas_ml.label.targets import load_target
 from hespas_ml.learn.registry import models_dir
 from hespas_ml.split.regions import split_program
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, eval_script
 
 # A GEMM with its bias and activation (one fused kernel) and an elementwise chain beside it.
 PROGRAM = """
@@ -33,7 +32,7 @@ func.func @main(%a: tensor<128x256xf32>, %b: tensor<256x128xf32>, %c: tensor<128
 }
 """
 # One NeuSight bmm the H100 measured (datasets/measured/neusight-db1fdc9): what the measured fidelity knows.
-MEASURED_BMM = module_text("bmm", (12, 196, 196, 64))
+MEASURED_BMM = eval_script("import_neusight").module_text("bmm", (12, 196, 196, 64))
 MEASURED = PROJECT_ROOT / "datasets" / "measured"
 
 

@@ -2,10 +2,8 @@
 measured dataset (``datasets/measured/hespas-llama3-100m``)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,19 +13,13 @@ from hespas_ml.split.hespas_blocks import hespas_blocks
 from hespas_ml.split.regions import split_program
 from hespas_ml.split.regions import SplitError
 from hespas_ml.split.signature import signatures
-from tests.conftest import PROJECT_ROOT, shared_path
+from tests.conftest import PROJECT_ROOT, eval_script, shared_path
 
 FOLDER = PROJECT_ROOT / "datasets" / "measured" / "hespas-llama3-100m"
 
 
 def _importer():
-    name = "import_hespas_logs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "eval" / "import_hespas_logs.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return eval_script("import_hespas_logs")
 
 
 SEP = "-" * 59

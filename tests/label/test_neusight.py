@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 
 from hespas_ml.ingest import parse_module
-from hespas_ml.label import neusight as ns
-from hespas_ml.label.neusight import NeuSightError, module_text, op_cost, read_rows
 from hespas_ml.label.targets import load_target, preset_path
 from hespas_ml.split.regions import split_program
+from tests.conftest import eval_script
+
+ns = eval_script("import_neusight")
+NeuSightError, module_text, op_cost, read_rows = ns.NeuSightError, ns.module_text, ns.op_cost, ns.read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "datasets" / "measured" / "neusight-db1fdc9"
