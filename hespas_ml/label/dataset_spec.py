@@ -114,8 +114,8 @@ class FidelitySpec:
         return _digest([self.name, self.counted_options()] + ([version] if version > 1 else []))
 
     def older_fingerprints(self) -> list[str]:
-        """The fingerprints folders recorded for these options before (all of version 1 labels): every
-        option written (until 2026-11-25), then every option off its default, then the counted options."""
+        """The fingerprints that folders built by earlier schemes recorded for these options (all of version 1
+        labels), oldest first: every option written, every option off its default, the counted options."""
         return [_digest([self.name, self.options]),
                 _digest([self.name, options_off_default(labeller_class(self.name), self.options)]),
                 _digest([self.name, self.counted_options()])]

@@ -19,7 +19,7 @@ from typing import Any
 from ... import host
 from ..errors import IngestError
 from ..export import with_host_device_flag
-from . import ZOO, canonical_spec
+from .specs import ZOO, canonical_spec
 
 FORMAT_VERSION = 1
 EXPORT_TIMEOUT_S = 900
