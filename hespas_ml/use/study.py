@@ -154,6 +154,7 @@ class _Runner:
         (self.cache / "configs").mkdir(parents=True, exist_ok=True)
         (self.cache / "regions").mkdir(parents=True, exist_ok=True)
         self.targets = {t.name: load_target(t.load) for t in spec.targets}
+        self.systems: dict[tuple[str, str | None], Any] = {}
         self.jax = package_version("jax")
         self.fidelities: dict[str, Any] = {}
         self.unavailable: dict[str, str] = {}
@@ -207,11 +208,22 @@ class _Runner:
             if callable(close):
                 close()
 
+    def _system(self, name: str, target: str | None = None):
+        """The system called ``name`` (None for one device), with ``target``'s local memory bandwidth;
+        loaded once."""
+        if name == SINGLE:
+            return None
+        key = (name, target)
+        if key not in self.systems:
+            bw = self.targets[target].mem_bw / 1e9 if target else None
+            self.systems[key] = load_system(name, local_mem_bw_gbps=bw)
+        return self.systems[key]
+
     # -- preparation ----------------------------------------------------------------------------------
     def _prepare(self, program: str, system: str, split: str) -> _Prepared:
         from .study_regions import region_infos
 
-        graph = pipeline.ingest(program, None if system == SINGLE else load_system(system))
+        graph = pipeline.ingest(program, self._system(system))
         rg = pipeline.split(graph, split)
         compute = rg.compute_regions()
         sigs = signatures(compute)
@@ -238,8 +250,7 @@ class _Runner:
         res.label_noise = _noise(src.fidelity, prep, times)
         res.failed_regions = sum(v is None for v in res.region_seconds.values())
         try:
-            cfg = None if system == SINGLE else load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
-            step = pipeline.replay(prep.rg, times, cfg, self.spec.replay, interval=False)
+            step = pipeline.replay(prep.rg, times, self._system(system, target), self.spec.replay, interval=False)
         except Exception as exc:  # noqa: BLE001
             res.reason = _reason(exc)
             return res

@@ -301,3 +301,16 @@ def test_bad_traces_are_replay_errors(trace, problem) -> None:
 def test_wrong_rank_count_is_an_error() -> None:
     assert "3 rank trace(s) given for a system of 4 NPUs" in replay_error([[comp(1, 1)]] * 3,
                                                                          calibration_system("ring:4x50@500"))
+
+
+def test_auto_counts_every_ranks_nodes_when_it_chooses_an_engine() -> None:
+    # 128 identical ranks of 200 compute nodes: no message, but 25,600 node events
+    trace = [comp(i, 3 + i % 5, deps=[i - 1] if i else []) for i in range(200)]
+    system = load_system("switch:8x300,switch:16x50")
+    traces = [list(trace) for _ in range(system.n_npus)]
+    auto = replay_embedded(traces, system)
+    full = replay_embedded(traces, system, engine="full")
+    assert auto.details["engine"] == "symmetric" and full.details["engine"] == "full"
+    assert [(r.finish_ns, r.exposed_comm_ns) for r in auto.ranks] == [(r.finish_ns, r.exposed_comm_ns) for r in full.ranks]
+    small = replay_embedded([list(trace[:10]) for _ in range(4)], load_system("ring:4x100"))
+    assert small.details["engine"] == "full"

@@ -42,9 +42,9 @@ chunk streams, phases), `collectives` (the algorithms), `system_layer` (per-rank
 node checks), `workload` (per-rank Workload), `symmetric` (one-rank engine), `replay` (entry point).
 """
 from hespas_ml.replay.embedded.config import COLLECTIVE_TAG_BASE
-from hespas_ml.replay.embedded.replay import FULL_ENGINE_MESSAGE_BUDGET, replay_embedded
+from hespas_ml.replay.embedded.replay import FULL_ENGINE_EVENT_BUDGET, replay_embedded
 from hespas_ml.replay.embedded.results import NS_PER_S, RankResult, ReplayResult
 from hespas_ml.replay.embedded.system_layer import GROUP_STREAM_BASE
 
-__all__ = ["COLLECTIVE_TAG_BASE", "FULL_ENGINE_MESSAGE_BUDGET", "GROUP_STREAM_BASE", "NS_PER_S", "RankResult",
+__all__ = ["COLLECTIVE_TAG_BASE", "FULL_ENGINE_EVENT_BUDGET", "GROUP_STREAM_BASE", "NS_PER_S", "RankResult",
            "ReplayResult", "replay_embedded"]

@@ -16,7 +16,7 @@ from hespas_ml.replay.errors import ReplayError
 from hespas_ml.replay.system import SystemConfig, validate_dims, validate_system
 
 ENGINES = ("auto", "full", "symmetric")
-FULL_ENGINE_MESSAGE_BUDGET = 20_000  # "auto" uses the exact full engine below this estimate
+FULL_ENGINE_EVENT_BUDGET = 20_000    # "auto" uses the exact full engine below this estimate
 
 
 def run_full(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig, network: Network,
@@ -32,9 +32,10 @@ def run_full(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig, network: 
     return [w.result() for w in workloads], workloads
 
 
-def estimated_messages(nodes: Sequence[et.EtNode], cfg: ReplayConfig, groups: dict[int, list[int]]) -> int:
-    """Rough count of collective messages the full engine would simulate for one rank's trace."""
-    total = 0
+def estimated_events(nodes: Sequence[et.EtNode], cfg: ReplayConfig, groups: dict[int, list[int]]) -> int:
+    """Rough count of the events the full engine would simulate when every rank runs ``nodes``: each
+    rank's nodes, and the collectives' messages."""
+    total = len(nodes) * cfg.total
     for node in nodes:
         if node.type != et.COMM_COLL_NODE or node.attrs.get("comm_type") == et.BROADCAST:
             continue
@@ -72,8 +73,8 @@ def replay_embedded(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig,
 
     `engine`: "full" simulates every rank and message; "symmetric" simulates one rank of identical
     traces (ReplayError when that does not apply); "auto" uses the full engine for small workloads
-    (estimated below FULL_ENGINE_MESSAGE_BUDGET messages) and the symmetric one, when it applies,
-    for larger ones.  With `record_nodes`, `details["nodes"][rank][node_id]` = (issue ns, finish ns).
+    (estimated below FULL_ENGINE_EVENT_BUDGET node and message events) and the symmetric one, when it
+    applies, for larger ones.  With `record_nodes`, `details["nodes"][rank][node_id]` = (issue ns, finish ns).
     """
     validate_dims(system.dims, system.source)
     validate_system(system.system, len(system.dims), system.source)
@@ -90,7 +91,7 @@ def replay_embedded(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig,
     chosen = "full"
     peer_groups: dict[int, set[int]] | None = None
     if engine == "symmetric" or (engine == "auto" and
-                                 estimated_messages(traces[0], cfg, groups) > FULL_ENGINE_MESSAGE_BUDGET):
+                                 estimated_events(traces[0], cfg, groups) > FULL_ENGINE_EVENT_BUDGET):
         peer_groups = symmetric_plan(traces, cfg, groups)
         if peer_groups is not None:
             chosen = "symmetric"

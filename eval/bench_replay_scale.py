@@ -1,0 +1,78 @@
+"""Benchmark: replaying one data-parallel step on every rank of the 1,024-GPU Hespas system.
+
+The per-device trace of a ResNet-50 step split for 4 devices (``zoo:resnet?depth=50&…&parallel=dp``, the
+fusion split, A100-40GB roofline times) is given to each of the 1,024 ranks of
+``../shared/hespas-configs/systems/A100_SXM_40GB_8GPU_32_4`` (switches of 8, 32 and 4), its all-reduces over
+all ranks. Prints, for the training step (gradient all-reduces) and the inference step (no collective):
+the embedded replay as ``replay_embedded`` chooses its engine (``auto``), the fast replay the sweeps use,
+and, as the baseline measured in the same run, the full engine that simulates every rank (for the
+inference step, what ``auto`` chose before it counted every rank's nodes; for the training step only with
+``--full``: it takes minutes). Step times must agree to the nanosecond; peak memory is the process's.
+
+    python eval/bench_replay_scale.py [--full] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hespas_ml import pipeline  # noqa: E402
+from hespas_ml.replay import load_system  # noqa: E402
+from hespas_ml.replay.embedded import replay_embedded  # noqa: E402
+from hespas_ml.replay.fast import SystemContext, replay_fast  # noqa: E402
+from hespas_ml.replay.traces import build_traces  # noqa: E402
+
+SYSTEM = (Path(__file__).resolve().parents[2] / "shared" / "hespas-configs" / "systems"
+          / "A100_SXM_40GB_8GPU_32_4")
+PROGRAM = "zoo:resnet?depth=50&batch=32&step={step}&parallel=dp&devices=4"
+
+
+def rank_trace(step: str):
+    q = pipeline.Question.resolve(PROGRAM.format(step=step), "A100-40GB", "ring:4x100")
+    regions = pipeline.split(pipeline.ingest(q.program, q.system), q.split)
+    times = pipeline.label(regions, q.fidelity, q.target)
+    return build_traces(regions, times.seconds, regions.n_devices).traces[0]
+
+
+def timed(fn, repeat: int):
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="also time the full engine on the training step (minutes)")
+    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3; the full engine once)")
+    args = ap.parse_args()
+    system = load_system(SYSTEM)
+    print(f"system {SYSTEM.name}: {system.n_npus} ranks")
+    for step in ("train", "infer"):
+        trace = rank_trace(step)
+        traces = [list(trace) for _ in range(system.n_npus)]
+        comm = sum(1 for n in trace if n.type != 4)
+        print(f"\nResNet-50 {step} step, data parallel: {len(trace)} nodes per rank ({comm} communication)")
+        rows = [("embedded, auto", lambda: replay_embedded(traces, system), args.repeat),
+                ("fast replay", lambda: replay_fast(traces, SystemContext(system), None), args.repeat)]
+        if step == "infer" or args.full:
+            rows.append(("embedded, full (baseline)", lambda: replay_embedded(traces, system, engine="full"), 1))
+        steps = set()
+        for name, fn, repeat in rows:
+            seconds, res = timed(fn, repeat)
+            steps.add(max(r.finish_ns for r in res.ranks))
+            print(f"  {name:<27} {seconds:8.3f} s   engine {res.details.get('engine')}   step {res.step_time_s * 1e3:.6f} ms")
+        print(f"  same step time to the nanosecond: {'yes' if len(steps) == 1 else 'NO: ' + str(sorted(steps))}")
+    print(f"\npeak memory (max RSS) {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
