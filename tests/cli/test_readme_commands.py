@@ -62,3 +62,12 @@ def test_the_readme_shows_what_make_demo_prints():
     done = subprocess.run([sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--check"],
                           capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_readme_python_blocks_run_as_written(capsys):
+    text = (PROJECT_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+        assert capsys.readouterr().out.strip()
