@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from hespas_ml.cli.main import main as cli_main  # noqa: E402
 
 HEAD = "`make demo` prints (`python eval/readme_figures.py` regenerates this block; a test checks it):\n\n```\n"
-LINES = 11            # the summary and the first region of the table
+LINES = 12            # the summary and the first region of the table
 
 
 def demo_argv() -> list[str]:

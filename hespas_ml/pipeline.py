@@ -26,7 +26,7 @@ from typing import Any
 
 from .costs import graph_cost
 from .fidelities import get_fidelity
-from .ingest import load_program
+from .ingest import check_program, load_program
 from .ingest.errors import HespasError
 from .ingest.graph import OpGraph
 from .label.fidelity import Fidelity, Label, label_caveats, label_in_chunks
@@ -35,7 +35,9 @@ from .replay import BACKENDS, ReplayError
 from .replay import replay as replay_traces
 from .replay.chakra import write_traces
 from .replay.system import SystemConfig, load_system, write_comm_groups, write_system
+from .replay.timeline import step_spans, write_timeline
 from .replay.traces import TraceSet, build_traces
+from .split.memory import memory
 from .split.regions import SPLITS, RegionGraph, SplitError, split_program
 from .split.signature import signatures
 
@@ -68,7 +70,7 @@ class Question:
                 astra_sim_bin: str | None = None, fidelity_options: dict | None = None) -> "Question":
         """Check every choice and load what names name, once: a bad split, replay backend, target, fidelity
         or system is a one-line error before the program is read, and so is a fidelity that does not answer
-        for the target. ``fidelity_options`` go to the fidelity's constructor when it is given by name."""
+        for the target, a program file that does not exist or a zoo spec with a bad parameter. ``fidelity_options`` go to the fidelity's constructor when it is given by name."""
         if split not in SPLITS:
             raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
         if replay not in BACKENDS:
@@ -80,6 +82,8 @@ class Question:
             system = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
         if program is None or (not isinstance(program, OpGraph) and not str(program).strip()):
             raise SimulationError("no program given (a .mlir path, a zoo: spec or an OpGraph)")
+        if not isinstance(program, OpGraph):
+            check_program(str(program), system.n_npus if system is not None else None)
         return cls(program if isinstance(program, OpGraph) else str(program), tgt, fid, system, split, replay,
                    astra_sim_bin)
 
@@ -257,6 +261,17 @@ class SimulationResult:
     step_time_interval_s: tuple[float, float] | None = None   # when the fidelity gives intervals (surrogates)
     seen_in_training: bool | None = None     # a surrogate learned this program's regions (None: not a surrogate)
     kernel_bytes: float = 0.0                # per device, moved by the split's kernels (what the times are of)
+    memory: dict[str, int] = field(default_factory=dict)   # per device at the peak (split.memory.Memory)
+    memory_capacity_bytes: float = 0.0       # the target's device memory
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.memory.get("peak", 0)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak per-device memory fits in the target's."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
 
     def top_regions(self, k: int = 10) -> list[RegionRow]:
         comp = [r for r in self.regions if r.kind == "compute"]
@@ -273,6 +288,8 @@ class SimulationResult:
             "exposed_comm_s": self.exposed_comm_s, "n_comp_nodes": self.n_comp_nodes,
             "n_comm_nodes": self.n_comm_nodes, "flops": self.flops, "bytes": self.bytes,
             "kernel_bytes": self.kernel_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
+            "memory_capacity_bytes": self.memory_capacity_bytes, "fits": self.fits,
             "unmodelled": self.unmodelled, "warnings": self.warnings, "ranks": self.ranks,
             "top_regions": [{"id": r.id, "name": r.name, "count": r.count, "seconds": r.seconds,
                              "total_seconds": r.total_seconds, "flops": r.flops, "bytes": r.bytes,
@@ -296,7 +313,8 @@ def simulate(program, target: Target | str = "H100", system: SystemConfig | str 
 def run(question: Question, *, out: str | Path | None = None, progress: bool = False) -> SimulationResult:
     """Run every stage for ``question``. When the fidelity's labels carry an interval (the learned
     surrogates), the lower and upper times are replayed too, giving ``step_time_interval_s``. ``out``: keep
-    the Chakra traces, comm_group.json, the system files, regions.csv and result.json there."""
+    the Chakra traces, comm_group.json, the system files, regions.csv, result.json and timeline.png (compute,
+    communication and exposed communication of each rank) there."""
     q = question
     timings: dict[str, float] = {}
     t0 = t = time.perf_counter()
@@ -320,9 +338,17 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     step = replay(rg, times, q.system, q.replay, binary=q.astra_sim_bin, traces=traces,
                   workdir=(out_dir / "astra-sim") if out_dir and q.system else None)
     timings["replay"] = time.perf_counter() - t
+    if out_dir is not None:
+        write_timeline(out_dir / "timeline.png", step_spans(traces.traces, q.system, traces.comm_groups or None),
+                       f"{graph.name} on {q.system.source if q.system else 'one device'}, {q.target.name}, "
+                       f"{q.fidelity.name} ({q.split} split): step {step.step_time_s * 1e3:.3f} ms")
     timings["total"] = time.perf_counter() - t0
     totals = graph_cost(graph)
     n_comp, n_comm = step.traces.node_counts(0)
+    footprint = memory(rg)
+    if footprint.peak > q.target.mem_capacity:
+        graph.warnings.append(f"does not fit: {footprint.peak / 2**30:.2f} GiB per device at the peak, the "
+                              f"{q.target.name} has {q.target.mem_capacity / 2**30:.2f} GiB (timed anyway)")
     result = SimulationResult(
         program=str(graph.source or graph.name), target=q.target.name, fidelity=q.fidelity.name, split=q.split,
         system=q.system.source if q.system else "single device", replay=step.backend, n_devices=graph.n_devices,
@@ -331,7 +357,8 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
         step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.labels),
-        kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"))
+        kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"),
+        memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity))
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result

@@ -1,7 +1,11 @@
 """Shared fixtures. Reference material lives beside the project in ../shared/ (never copied into it)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,6 +21,41 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"reference material {path} is absent (../shared/ not beside the project)")
     return path
+
+
+def readme_commands() -> list[str]:
+    """Every command line of the README's ``bash`` blocks: continuation lines joined, comments and
+    ``[optional]`` parts left out."""
+    text = (PROJECT_ROOT / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\[[^\]]*\]", "", line.split(" #")[0]).strip()
+            if line and not line.startswith("#"):
+                lines.append(" ".join(line.split()))
+    return lines
+
+
+def readme_command(start: str, replace: dict[str, str] | None = None) -> list[str]:
+    """The README command line that begins with ``start``, as arguments after ``hespas-ml``; ``replace``
+    swaps whole arguments (an output folder for a temporary one). Paths in it are relative to the project
+    root: run it :func:`in_project`."""
+    found = [line for line in readme_commands() if line.startswith(start)]
+    assert len(found) == 1, f"README: {len(found)} command lines begin with {start!r}"
+    words = shlex.split(found[0])
+    assert words[0] == "hespas-ml"
+    return [(replace or {}).get(w, w) for w in words[1:]]
+
+
+@contextlib.contextmanager
+def in_project():
+    """Run the body in the project root (where the README's relative paths point)."""
+    before = os.getcwd()
+    os.chdir(PROJECT_ROOT)
+    try:
+        yield PROJECT_ROOT
+    finally:
+        os.chdir(before)
 
 
 def eval_script(name: str):
@@ -39,11 +78,14 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def smoke_ds(tmp_path_factory):
     """The smoke dataset (datasets/smoke.yaml), built once per session into a temporary folder by the
-    project's builder (real programs, real fidelities)."""
-    from hespas_ml.label.dataset import build_dataset, load_dataset
+    README's command (real programs, real fidelities)."""
+    from hespas_ml.cli.main import main
+    from hespas_ml.label.dataset import load_dataset
 
     out = tmp_path_factory.mktemp("smoke-dataset") / "ds"
-    build_dataset(PROJECT_ROOT / "datasets" / "smoke.yaml", out, progress=False)
+    with in_project():
+        command = readme_command("hespas-ml dataset build datasets/smoke.yaml", {"out/datasets/smoke": str(out)})
+        assert main([*command, "--no-progress"]) == 0
     return load_dataset(out)
 
 

@@ -1,6 +1,7 @@
 """The pipeline's stages one by one, the question resolved once at the door, and simulate as their sum."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from hespas_ml.replay import ReplayError, find_binary, load_system
 from hespas_ml.replay.chakra import read_traces
 
 from conftest import shared_path
+
+pytestmark = pytest.mark.slow   # exports zoo programs
 
 MLP_DP = "zoo:mlp?layers=3&width=128&batch=64&step=train&parallel=dp"
 ONE_DEVICE = str(shared_path("mlir", "jax_example.mlir"))
@@ -125,3 +128,31 @@ def test_simulate_out_keeps_its_traces_when_the_replay_fails(tmp_path):
         simulate(MLP_DP, target="H100", system="ring:2x100", replay="astra-sim", out=tmp_path)
     prefix = Path(tmp_path) / "et" / next((tmp_path / "et").iterdir()).name.split(".")[0]
     assert len(read_traces(prefix, 2)) == 2 and (tmp_path / "regions.csv").is_file()
+
+
+def test_simulate_out_draws_the_step_timeline(tmp_path):
+    res = simulate(MLP_DP, target="H100", system="ring:2x100", out=tmp_path)
+    png = tmp_path / "timeline.png"
+    assert res.out_dir == str(tmp_path) and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("program, expected", [
+    ("no/such/program.mlir", "no/such/program.mlir: no such file"),
+    ("zoo:mlp?layers=two", "zoo:mlp?layers=two"),
+    ("zoo:llama?heads=4&parallel=tp&devices=8", "zoo:llama"),
+])
+def test_a_program_that_cannot_be_read_is_refused_at_the_door(program, expected):
+    with pytest.raises(HespasError, match=re.escape(expected)) as info:
+        Question.resolve(program, "H100")
+    assert "\n" not in str(info.value)
+
+
+def test_simulate_reports_the_peak_memory_and_whether_it_fits():
+    small = simulate(MLP_DP, target="H100", system="ring:2x100")
+    assert small.fits and small.peak_memory_bytes == small.memory["peak"] > small.memory["arguments"] > 0
+    data = small.to_dict()
+    assert data["fits"] is True and data["peak_memory_bytes"] == small.peak_memory_bytes
+    assert data["memory_capacity_bytes"] == load_target("H100").mem_capacity
+    big = simulate("zoo:mlp?layers=4&width=8192&batch=65536&step=train", target="T4")   # 16 GiB card
+    assert not big.fits and big.peak_memory_bytes > 16 * 2**30
+    assert any(w.startswith("does not fit:") and "T4" in w for w in big.warnings)

@@ -165,19 +165,20 @@ def cmd_train(args) -> int:
 
 def cmd_predict(args) -> int:
     from .. import pipeline
-    from ..ingest import load_program
+    from ..ingest import check_program, load_program
     from ..label.targets import load_target
     from ..learn.config import LearnError
     from ..learn.fidelity import SurrogateFidelity
 
     if args.model is None and args.fidelity is None:
         raise LearnError("predict: give --fidelity (its shipped model) or --model")
+    target = load_target(args.target)
+    check_program(args.program, args.devices)
     t0 = time.perf_counter()
     fid = SurrogateFidelity(args.model or args.fidelity, tracking_uri=args.tracking_uri)
     if args.fidelity is not None and fid.fidelity != args.fidelity:
         raise LearnError(f"{args.model}: a surrogate of {fid.fidelity}, not of --fidelity {args.fidelity}")
     t_load = time.perf_counter() - t0
-    target = load_target(args.target)
     graph = load_program(args.program, devices=args.devices)
     rg = pipeline.split(graph, args.split)
     compute = rg.compute_regions()

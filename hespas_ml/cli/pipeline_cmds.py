@@ -26,7 +26,8 @@ def register(sub) -> None:
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"],
                    help="network replay: the real ASTRA-sim binary if found (auto), or our embedded one")
     p.add_argument("--astra-sim-bin", help="path to AstraSim_Analytical_Congestion_Unaware (or _Aware)")
-    p.add_argument("--out", help="keep Chakra traces, comm_group.json, the system files and regions.csv here")
+    p.add_argument("--out", help="keep Chakra traces, comm_group.json, the system files, regions.csv and a timeline "
+                                 "picture (timeline.png) here")
     p.add_argument("--top", type=int, default=10, help="how many of the most expensive regions to list")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
@@ -68,6 +69,13 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.0f} {unit}"
 
 
+def _binary(value: float) -> str:
+    for scale, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}B"
+    return f"{value:.0f} B"
+
+
 def cmd_simulate(args) -> int:
     from ..pipeline import simulate
 
@@ -94,6 +102,10 @@ def cmd_simulate(args) -> int:
     w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}; {_si(res.kernel_bytes, 'B')} moved by "
       f"the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
+    m = res.memory
+    w(f"memory        {_binary(res.peak_memory_bytes)} at the peak per device ({_binary(m['arguments'])} arguments, "
+      f"{_binary(m['intermediates'] + m['collective_buffers'])} intermediates, {_binary(m['outputs'])} outputs); "
+      f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {_binary(res.memory_capacity_bytes)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)
     if top:
@@ -108,7 +120,7 @@ def cmd_simulate(args) -> int:
     for msg in res.warnings:
         print(f"warning: {msg}", file=sys.stderr)
     if res.out_dir:
-        w(f"\ntraces, system files and regions.csv written to {res.out_dir}\n")
+        w(f"\ntraces, system files, regions.csv and timeline.png written to {res.out_dir}\n")
     return 0
 
 

@@ -29,4 +29,23 @@ def load_program(source: str | Path, devices: int | None = None) -> OpGraph:
     return parse_file(source)
 
 
-__all__ = ["IngestError", "Loop", "Op", "OpGraph", "TensorType", "load_program", "parse_file", "parse_module"]
+def check_program(source: str | Path, devices: int | None = None) -> None:
+    """Refuse, in one line and before any slow work, a program that :func:`load_program` cannot read: a
+    zoo spec whose family or parameters are wrong (for ``devices`` when it names none), a path that is
+    not a readable file."""
+    from .zoo import is_zoo_spec, parse_zoo_spec, with_default_devices
+
+    if is_zoo_spec(source):
+        parse_zoo_spec(with_default_devices(str(source), devices) if devices is not None else str(source))
+        return
+    if isinstance(source, str) and not source.strip():
+        raise IngestError("<empty>", "no program given (a .mlir path or a zoo: spec)")
+    path = Path(source)
+    if not path.exists():
+        raise IngestError(str(path), "no such file")
+    if path.is_dir():
+        raise IngestError(str(path), "is a directory, not an MLIR file")
+
+
+__all__ = ["IngestError", "Loop", "Op", "OpGraph", "TensorType", "check_program", "load_program", "parse_file",
+           "parse_module"]

@@ -80,7 +80,8 @@ def result_schema(spec: SweepSpec):
     if spec.costs:
         fields.append(("cost_per_step", pa.float64()))
     fields += [("n_comp_nodes", pa.int64()), ("n_comm_nodes", pa.int64()), ("comm_bytes", pa.int64()),
-               ("unlabelled_regions", pa.int64()), ("replay_engine", pa.string())]
+               ("peak_memory_bytes", pa.int64()), ("fits", pa.bool_()), ("unlabelled_regions", pa.int64()),
+               ("replay_engine", pa.string())]
     return pa.schema(fields)
 
 
@@ -317,7 +318,8 @@ class _Sweep:
                     for s in sl:
                         if s.n_npus > 1:
                             configs[(s.name, v["mem_bw_gbps"])] = self.system_config(s.name, v["mem_bw_gbps"])
-            info = {"flops": result.get("flops", 0.0), "comm_bytes": result.get("comm_bytes", 0)}
+            info = {"flops": result.get("flops", 0.0), "comm_bytes": result.get("comm_bytes", 0),
+                    "peak_memory": result.get("peak_memory", 0)}
             task = {"chunk": chunk.id, "first_config": chunk.first_config, "rg": rg, "error": error,
                     "info": info, "variants": variants, "systems": sl, "configs": configs}
             out.append((chunk, task))
@@ -327,7 +329,8 @@ class _Sweep:
         v = self.variants[vi]
         tgt = self.target(v.target)
         task: dict[str, Any] = {"index": vi, "target": v.target, "fidelity": v.fidelity, "replay": v.replay,
-                                "mem_bw_gbps": tgt.mem_bw / 1e9, "cost": self.spec.costs.get(v.target),
+                                "mem_bw_gbps": tgt.mem_bw / 1e9, "mem_capacity": tgt.mem_capacity,
+                                "cost": self.spec.costs.get(v.target),
                                 "peak_flops": tgt.peak_flops(result.get("dtype", "f32"), result.get("unit", "matrix")),
                                 "unlabelled": 0}
         if error is not None:

@@ -3,7 +3,8 @@
 A configuration is on the Pareto front of its workload when no other configuration of that workload
 is at least as good on both axes — step time and ``x`` (devices by default, or a cost column such as
 ``cost_per_step``) — and strictly better on one; of configurations equal on both axes the lowest
-``config_id`` stands for them. Only rows with status ``ok`` and a finite step time take part.
+``config_id`` stands for them. Only rows with status ``ok`` and a finite step time take part, and of those
+only the ones whose peak memory fits the target's (``fits``; rows that do not are counted apart).
 
 Plots (PNG, with ``write_plots``): ``pareto.png`` (every configuration of each workload, the front
 highlighted), ``step_vs_bandwidth.png`` and ``step_vs_devices.png`` (the best step time at each
@@ -95,11 +96,19 @@ def _row(r) -> dict[str, Any]:
     return out
 
 
+def _timed(df):
+    """The rows that take part (ok, a finite step time, fitting the target's memory) and the ok rows that
+    do not fit."""
+    ok = df[(df["status"] == "ok") & df["step_time_s"].notna()]
+    ok = ok[ok["step_time_s"].map(math.isfinite)]
+    too_big = ok[ok["fits"] == False] if "fits" in ok.columns else ok.iloc[:0]   # noqa: E712 - a column
+    return ok.drop(too_big.index), too_big
+
+
 def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
     """Counts, failures, and per workload its Pareto front (``x`` vs step time) and ``top`` best rows."""
     xcol = _x_column(df, x)
-    ok = df[(df["status"] == "ok") & df["step_time_s"].notna()]
-    ok = ok[ok["step_time_s"].map(math.isfinite)]
+    ok, too_big = _timed(df)
     if xcol != "devices":
         ok = ok[ok[xcol].notna()]
     failed = df[df["status"] != "ok"]
@@ -112,7 +121,8 @@ def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
         workloads.append({"workload": name, "configs": int(len(g)),
                           "front": [_row(r) for _, r in front.iterrows()],
                           "best": [_row(r) for _, r in best.iterrows()]})
-    return {"configs": int(len(df)), "ok": int(len(ok)), "failed": int(len(failed)), "x": xcol,
+    return {"configs": int(len(df)), "ok": int(len(ok)), "not_fitting": int(len(too_big)), "failed": int(len(failed)),
+            "x": xcol,
             "failures": [{"error": k, "configs": int(v)} for k, v in (errors.items() if len(failed) else [])],
             "workloads": workloads}
 
@@ -127,7 +137,10 @@ def print_report(rep: dict[str, Any], out: TextIO) -> None:
     """The report as text tables."""
     w = out.write
     xcol = rep["x"]
-    w(f"{rep['configs']} configurations: {rep['ok']} ok, {rep['failed']} failed\n")
+    too_big = rep.get("not_fitting", 0)
+    w(f"{rep['configs']} configurations: {rep['ok']} ok, "
+      + (f"{too_big} timed but do not fit the target's memory (left out below), " if too_big else "")
+      + f"{rep['failed']} failed\n")
     for f in rep["failures"]:
         w(f"  failed x{f['configs']}: {f['error'][:150]}\n")
     head = (f"  {'config':>7}  {xcol:>12}  {'step':>10}  {'compute':>10}  {'exposed':>10}  {'util':>6}  "
@@ -156,7 +169,7 @@ def write_plots(df, rep: dict[str, Any], out_dir: str | Path) -> list[str]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
-    ok = df[(df["status"] == "ok") & df["step_time_s"].notna()]
+    ok, _ = _timed(df)
     names = [w["workload"] for w in rep["workloads"]]
     files: list[str] = []
     for page in range(0, max(1, len(names)), PANELS):

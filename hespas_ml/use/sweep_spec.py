@@ -49,6 +49,7 @@ from ..ingest.errors import HespasError
 SINGLE_DEVICE = "single device"
 REPLAYS = ("embedded", "astra-sim")
 DEFAULT_FIDELITIES = ("surrogate:roofline", "roofline")
+RESULTS_VERSION = 2     # of the results table's columns: folders written with other columns hold another sweep
 DEFAULT_CHUNK = 1000
 TOP_KEYS = {"name", "split", "workloads", "parallelism", "targets", "costs", "fidelities", "replay", "systems",
             "chunk_size"}
@@ -164,7 +165,8 @@ class SweepSpec:
 
     def fingerprint(self) -> str:
         """Hash of everything that decides the configurations and their order (resume checks it)."""
-        data = {"split": self.split, "programs": [asdict(p) for p in self.programs], "targets": self.targets,
+        data = {"results": RESULTS_VERSION, "split": self.split, "programs": [asdict(p) for p in self.programs],
+                "targets": self.targets,
                 "costs": self.costs, "fidelities": self.fidelities, "replays": self.replays,
                 "systems": {str(k): [asdict(s) for s in v] for k, v in sorted(self.systems.items())},
                 "chunk_size": self.chunk_size}

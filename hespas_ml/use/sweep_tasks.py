@@ -32,6 +32,7 @@ def prepare_program(source: str, split: str, devices: int) -> dict[str, Any]:
     try:
         from ..ingest import load_program
         from ..costs import graph_cost
+        from ..split.memory import memory
         from ..split.regions import split_program
         from ..split.signature import signatures
 
@@ -52,7 +53,7 @@ def prepare_program(source: str, split: str, devices: int) -> dict[str, Any]:
         return {"rg": rg, "signatures": sigs, "flops": float(graph_cost(graph)["flops"]),
                 "dtype": max(weights, key=weights.get) if weights else "f32",
                 "unit": "matrix" if weights else "vector", "comm_bytes": int(comm_bytes),
-                "seconds": time.perf_counter() - t0}
+                "peak_memory": memory(rg).peak, "seconds": time.perf_counter() - t0}
     except Exception as exc:  # noqa: BLE001 - recorded as this program's failure
         return {"error": reason_of(exc), "seconds": time.perf_counter() - t0}
 
@@ -142,7 +143,8 @@ def run_chunk(task: dict[str, Any]) -> dict[str, Any]:
 
 RESULT_FIELDS = ("config_id", "status", "error", "step_time_s", "compute_time_s", "exposed_comm_s",
                  "step_time_lo_s", "step_time_hi_s", "utilisation", "model_flops", "peak_flops", "cost_per_step",
-                 "n_comp_nodes", "n_comm_nodes", "comm_bytes", "unlabelled_regions", "replay_engine")
+                 "n_comp_nodes", "n_comm_nodes", "comm_bytes", "peak_memory_bytes", "fits", "unlabelled_regions",
+                 "replay_engine")
 
 
 def _evaluate(traces, plans, system, v: dict[str, Any], configs, info, stats) -> dict[str, Any]:
@@ -172,6 +174,8 @@ def _evaluate(traces, plans, system, v: dict[str, Any], configs, info, stats) ->
     peak = v["peak_flops"]
     out["peak_flops"] = peak
     out["comm_bytes"] = info["comm_bytes"]
+    out["peak_memory_bytes"] = info["peak_memory"]
+    out["fits"] = info["peak_memory"] <= v["mem_capacity"]
     out["utilisation"] = flops / (step * n * peak) if step > 0 and peak > 0 else math.nan
     cost = v.get("cost")
     if cost is not None:

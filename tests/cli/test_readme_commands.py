@@ -8,21 +8,9 @@ import shlex
 import pytest
 
 from hespas_ml.cli.main import main
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, readme_command, readme_commands
 
 pytestmark = pytest.mark.slow   # exports a 32-device program
-
-
-def readme_command(start: str) -> list[str]:
-    """The README's command line that begins with ``start`` (continuation lines joined, comments and
-    ``[optional]`` parts left out), as arguments after ``hespas-ml``."""
-    text = (PROJECT_ROOT / "README.md").read_text().replace("\\\n", " ")
-    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(start)]
-    assert len(lines) == 1, f"README: {len(lines)} lines begin with {start!r}"
-    line = re.sub(r"\[[^\]]*\]", "", lines[0].split(" #")[0])
-    words = shlex.split(line)
-    assert words[0] == "hespas-ml"
-    return words[1:]
 
 
 def test_simulate_out_then_replay_as_the_readme_says(tmp_path, monkeypatch, capsys):
@@ -38,12 +26,16 @@ def test_simulate_out_then_replay_as_the_readme_says(tmp_path, monkeypatch, caps
     assert main(replay) == 0 and "step time" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("start", [
+MORE = [
     "hespas-ml simulate zoo:mlp --target A100-40GB --system ring:4x150 --json",
     "hespas-ml predict 'zoo:resnet?depth=50&batch=32' --fidelity scalesim --target TPUv4",
     "hespas-ml analyze ../shared/mlir/resnet_50_inference_step_4_devices_1024_batch.mlir",
     "hespas-ml simulate ../shared/mlir/resnet_50_inference_step_4_devices_1024_batch.mlir --target H100",
-])
+    "hespas-ml simulate 'zoo:llama?layers=2&d_model=512&heads=8&step=train&parallel=fsdp' --target TPUv4",
+]
+
+
+@pytest.mark.parametrize("start", MORE)
 def test_more_readme_commands_run_as_written(start, tmp_path, monkeypatch, capsys):
     words = readme_command(start)
     missing = [w for w in words if w.startswith("../shared/") and not (PROJECT_ROOT / w).exists()]
@@ -71,3 +63,22 @@ def test_the_readme_python_blocks_run_as_written(capsys):
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
         assert capsys.readouterr().out.strip()
+
+
+def test_every_readme_command_is_run_by_a_test():
+    """Each command line of the README's bash blocks is run as written (``readme_command``, its output
+    folder swapped for a temporary one) by some test; each ``make`` line names a target make can plan."""
+    import subprocess
+
+    tests = "\n".join(p.read_text() for p in (PROJECT_ROOT / "tests").rglob("*.py"))
+    used = set(MORE) | set(re.findall(r'readme_command\(\s*"([^"]+)"', tests)) | set(re.findall(r"readme_command\(\s*'([^']+)'", tests))
+    lines = readme_commands()
+    assert len(lines) > 10
+    for line in lines:
+        if line.startswith("make "):
+            target = line.split()[1]
+            done = subprocess.run(["make", "-n", target], cwd=PROJECT_ROOT, capture_output=True, text=True)
+            assert done.returncode == 0, f"README: {line!r}: {done.stderr.strip()}"
+            continue
+        runs = [u for u in used if line.startswith(u)]
+        assert len(runs) == 1, f"README: {line!r} is run by {len(runs)} tests (readme_command calls)"

@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import readme_command
+
 pytestmark = pytest.mark.slow   # starts an MLflow server
 
 
@@ -21,9 +23,10 @@ def free_port() -> int:
 
 def test_ui_serves_the_store_and_prints_its_address(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hespas_ml.cli.main", "ui", "--tracking-uri", str(tmp_path / "store"),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    command = readme_command("hespas-ml ui")          # the README's line, on a store of its own
+    proc = subprocess.Popen([sys.executable, "-m", "hespas_ml.cli.main", *command, "--tracking-uri",
+                             str(tmp_path / "store"), "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         first = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}" in first and "mlflow.db" in first

@@ -33,6 +33,7 @@ from hespas_ml.label.scalesim import LayerCache, ScaleSimFidelity
 from hespas_ml.label.targets import load_target
 from hespas_ml.split.regions import split_program
 from hespas_ml.split.signature import region_signature, signatures
+from tests.conftest import readme_command
 
 pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
@@ -488,7 +489,9 @@ def test_snapshot_of_a_build_matches_its_tables_and_leaves_it_alone(smoke, tmp_p
 
     out, _ = smoke
     spec = SMOKE
-    assert main(["dataset", "snapshot", str(spec), str(out), "--out", str(tmp_path / "snap"), "--no-progress"]) == 0
+    command = readme_command("hespas-ml dataset snapshot", {"datasets/main.yaml": str(spec), "out/datasets/main": str(out),
+                                                            "out/datasets/main-now": str(tmp_path / "snap")})
+    assert main([*command, "--no-progress"]) == 0         # the README's line, on the smoke build
     snap, built = load_dataset(tmp_path / "snap"), load_dataset(out)
     key = ["hash", "target", "fidelity"]
     assert snap.labels[key + ["seconds", "status"]].sort_values(key).reset_index(drop=True).equals(

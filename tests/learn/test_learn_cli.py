@@ -13,6 +13,7 @@ import pytest
 from hespas_ml.cli.main import main
 from hespas_ml.learn.fidelity import SurrogateFidelity
 from hespas_ml.learn.registry import model_name
+from tests.conftest import in_project, readme_command
 
 pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
@@ -187,3 +188,20 @@ def test_surrogate_fidelity_labels_carry_the_interval(trained):
         assert lab.meta["lower_s"] <= lab.seconds <= lab.meta["upper_s"] and lab.meta["coverage"] == 0.9
         assert lab.meta["seen_target"] is True and lab.meta["roofline_s"] > 0
     assert fid.label(regions[0], "H100").seconds == pytest.approx(labels[0].seconds, rel=1e-6)   # float32 batches
+
+
+def test_the_readmes_train_and_retrain_lines(smoke_ds, tmp_path):
+    """The README's two train lines as written (on the smoke dataset, into a store of their own): the
+    first registers a champion, the second warm-starts from it."""
+    store = ["--tracking-uri", str(tmp_path / "store"), "--no-plots"]
+    with in_project():
+        first = readme_command("hespas-ml train --dataset out/datasets/smoke", {"out/datasets/smoke": str(smoke_ds.path)})
+        code, out, err = run(*first, *store, "--json")
+        assert code == 0, err
+        res = json.loads(out)
+        assert res["version"] == "1" and res["promoted"] and res["config"]["epochs"] == 80
+        again = readme_command("hespas-ml train --dataset NEW_DATA", {"NEW_DATA": str(smoke_ds.path)})
+        code, out, err = run(*again, *store, "--json")
+        assert code == 0, err
+        res = json.loads(out)
+        assert res["version"] == "2" and res["compared_versions"]["champion"] == "1"

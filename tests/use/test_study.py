@@ -17,6 +17,7 @@ from hespas_ml.use import study_metrics as M
 from hespas_ml.use.study import CONFIG_COLUMNS, run_study
 from hespas_ml.split.families import region_family
 from hespas_ml.use.study_spec import StudySpecError, load_spec, read_measured
+from tests.conftest import in_project, readme_command
 
 pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
@@ -257,8 +258,12 @@ def test_host_cpu_times_of_another_machine_are_refused_unless_asked_for(tmp_path
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke-study")
     store = tmp_path_factory.mktemp("mlruns")
+    with in_project():                     # the README's command line; its host-cpu times are one VM's
+        command = readme_command("hespas-ml study eval/studies/smoke.yaml", {"out/study-smoke": str(out)})
+        assert cli_main([*command, "--tracking-uri", str(store), "--experiment", "studies-test", "--other-machine",
+                         "--no-progress"]) == 0
     first = run_study(SMOKE, out, progress=False, tracking_uri=store, experiment="studies-test",
-                      other_machine=True)     # its host-cpu times are one VM's; this may be another
+                      other_machine=True)     # from its cache: the result as an object
     return first, out, store
 
 

@@ -5,6 +5,7 @@ The smoke sweep's programs are exported once into the zoo cache; later runs take
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -18,10 +19,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from hespas_ml import simulate
 from hespas_ml.cli.main import main as cli_main
 from hespas_ml.use.sweep import RESULTS, run_sweep
-from hespas_ml.use.sweep_report import load_results, make_report, pareto_front, write_plots
+from hespas_ml.use.sweep_report import load_results, make_report, pareto_front, print_report, write_plots
 from hespas_ml.use.sweep_spec import load_sweep_spec
+from tests.conftest import in_project, readme_command
 
 pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datasets or trains
 
@@ -32,8 +35,10 @@ SMOKE = ROOT / "eval" / "sweeps" / "smoke.yaml"
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "smoke"
-    manifest = run_sweep(SMOKE, out, workers=2, progress=False)
-    return out, manifest, pd.read_parquet(out / RESULTS)
+    with in_project():                     # the README's command line
+        assert cli_main([*readme_command("hespas-ml sweep eval/sweeps/smoke.yaml", {"out/sweep-smoke": str(out)}),
+                         "--no-progress"]) == 0
+    return out, json.loads((out / "manifest.json").read_text()), pd.read_parquet(out / RESULTS)
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -346,7 +351,9 @@ def test_report_fronts_best_and_plots(tmp_path):
 
 def test_report_cli_on_a_sweep_folder(smoke, tmp_path, capsys):
     out, _m, df = smoke
-    assert cli_main(["sweep", "report", str(out), "--out", str(tmp_path / "rep"), "--top", "1"]) == 0
+    command = readme_command("hespas-ml sweep report", {"out/sweep-smoke": str(out),
+                                                        "out/sweep-smoke/report": str(tmp_path / "rep")})
+    assert cli_main([*command, "--top", "1"]) == 0
     text = capsys.readouterr().out
     assert "Pareto front" in text and f"{len(df)} configurations" in text
     assert (tmp_path / "rep" / "pareto.png").is_file()
@@ -427,3 +434,25 @@ def test_bad_input_files_are_one_line(tmp_path, capsys, smoke):
         assert cli_main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and where in err, err
+
+
+def test_configurations_that_do_not_fit_are_counted_and_left_out_of_fronts_and_best(capsys):
+    df = _table()
+    df["fits"] = True
+    df.loc[df["config_id"] == 4, "fits"] = False          # A's fastest configuration needs more memory
+    rep = make_report(df, top=2)
+    assert (rep["ok"], rep["not_fitting"], rep["failed"]) == (8, 1, 1)
+    a = next(w for w in rep["workloads"] if w["workload"] == "A")
+    assert 4 not in [r["config_id"] for r in a["front"] + a["best"]]
+    text = io.StringIO()
+    print_report(rep, text)
+    assert "1 timed but do not fit the target's memory" in text.getvalue()
+
+
+def test_smoke_rows_say_their_peak_memory_and_that_it_fits(smoke):
+    _out, _m, df = smoke
+    ok = df[df["status"] == "ok"]
+    assert (ok["peak_memory_bytes"] > 0).all() and ok["fits"].all()
+    row = ok.iloc[0]
+    res = simulate(row["program"], target=row["target"], system=row["system"], replay="embedded")
+    assert res.peak_memory_bytes == row["peak_memory_bytes"]

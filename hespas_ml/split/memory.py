@@ -1,0 +1,72 @@
+"""Per-device memory of a split program: what its arguments hold, and the most that its regions' results
+keep alive at once.
+
+The regions run in program order. A region's result lives in device memory when another region reads it
+or the program returns it (a value used only inside its region stays on chip, as in a fused kernel); it
+is allocated when its region runs and freed after the last region that reads it, or kept to the end when
+it is returned. The arguments (parameters, optimizer state, the batch) live through the whole step. A loop
+body's values count once (one iteration's worth). This is the program's own footprint; the allocator's
+padding, fragmentation and workspace are not in it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .regions import RegionGraph
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Bytes per device: ``arguments`` (live all step), and at the peak, the live ``intermediates``
+    (results of compute regions other regions still need), ``collective_buffers`` (results of
+    collectives) and ``outputs`` (results the program returns, computed so far)."""
+
+    arguments: int
+    intermediates: int
+    collective_buffers: int
+    outputs: int
+
+    @property
+    def peak(self) -> int:
+        return self.arguments + self.intermediates + self.collective_buffers + self.outputs
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "peak": self.peak}
+
+
+def memory(rg: RegionGraph) -> Memory:
+    """The per-device :class:`Memory` of ``rg`` at its peak."""
+    graph = rg.graph
+    region_of: dict[int, int] = {}
+    for position, region in enumerate(rg.regions):
+        for op in region.op_ids:
+            region_of[op] = position
+    users = graph.users()
+    returned = set(graph.outputs)
+    end = len(rg.regions)
+    # per position: bytes allocated there, by part; bytes freed after it, by part
+    alloc = [[0, 0, 0] for _ in range(end)]
+    freed = [[0, 0, 0] for _ in range(end + 1)]
+    for position, region in enumerate(rg.regions):
+        for op in region.op_ids:
+            readers = [region_of[u] for u in users[op] if region_of.get(u, position) != position]
+            if op in returned:
+                part, last = 2, end
+            elif readers:
+                part, last = (1 if region.kind == "collective" else 0), max(readers)
+            else:
+                continue
+            size = sum(t.nbytes for t in graph.ops[op].result_types)
+            alloc[position][part] += size
+            freed[last][part] += size
+    live, best = [0, 0, 0], (-1, [0, 0, 0])
+    for position in range(end):
+        live = [a + b for a, b in zip(live, alloc[position])]
+        if sum(live) > best[0]:
+            best = (sum(live), list(live))
+        live = [a - b for a, b in zip(live, freed[position])]
+    intermediates, buffers, outputs = best[1]
+    return Memory(sum(t.nbytes for t in graph.inputs), intermediates, buffers, outputs)
+
+
+__all__ = ["Memory", "memory"]
