@@ -176,7 +176,9 @@ class _Ingester:
             raise IngestError(self.source, f"has no 'main' function (functions found: {found[:200]})")
         if len(main.regions) == 0 or len(main.regions[0].blocks) == 0:
             raise IngestError(self.source, "'main' has no body (it is only a declaration)")
-        if "mhlo.num_partitions" not in attrs and devices.meshes:
+        # a mesh counts the devices where no count is declared, and where one device is (what jax.export
+        # writes for a program over an abstract mesh: no device was there to count)
+        if devices.meshes and ("mhlo.num_partitions" not in attrs or devices.replicas * devices.partitions == 1):
             devices.partitions = max(max(devices.mesh_size(m) for m in devices.meshes), devices.partitions)
         devices.implicit_devices = ("mhlo.num_replicas" not in attrs and "mhlo.num_partitions" not in attrs
                                     and not devices.meshes)

@@ -380,3 +380,14 @@ def test_reducer_bodies_are_summarised_not_inlined():
     assert window.attrs["body_ops"] == 1
     assert ops_of(g, "reduce")[0].attrs["body_ops"] == 1
     assert "maximum" not in g.op_counts()          # the body is not a graph op
+
+
+def test_a_module_declaring_one_device_over_a_larger_mesh_runs_on_the_mesh():
+    """What jax.export writes for a program over an abstract mesh: one device declared (none was there to
+    count), the mesh and its device groups naming all of them."""
+    one = "mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32"
+    g = parse_module(_all_reduce("dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>", CHANNEL, one, MESH))
+    assert g.n_devices == 8
+    assert next(op for op in g.ops if op.kind == "all_reduce").attrs["replica_groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(IngestError, match="but the program has 1 devices"):   # without a mesh, one device
+        parse_module(_all_reduce("dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>", CHANNEL, one, ""))

@@ -81,6 +81,7 @@ def test_cache_key_follows_the_exporting_processor(monkeypatch):
     ("zoo:mlp?dtype=f64", "dtype=f64 is not one of f32, bf16"),
     ("zoo:mlp?batch=10&devices=4", "batch=10 is not divisible by devices=4"),
     ("zoo:mlp?&", "empty parameter"),
+    ("zoo:mlp?batch=2048&devices=2048&parallel=dp-partitioned", "a compiler-partitioned program runs on at most 1024"),
 ])
 def test_spec_errors_are_clear(spec, message):
     with pytest.raises(IngestError) as info:
@@ -145,6 +146,19 @@ def test_mlp_data_parallel_shard_map_sums_gradients_with_psum():
     assert sorted(str(op.operand_types[0]) for op in reduces) == ["32x32xf32", "32x32xf32", "32xf32", "32xf32", "f32"]
     # each device works on batch/4 = 2 rows
     assert str(kinds(g, "dot_general")[0].operand_types[0]) == "2x32xf32"
+
+
+def test_explicit_strategies_export_over_an_abstract_mesh_without_devices():
+    """shard_map programs are written over an abstract mesh: no fake host device is made for them, and a
+    device count far above what a machine could fake exports in seconds with every device in its groups."""
+    params = parse_zoo_spec("zoo:mlp?devices=4&parallel=dp")[1]
+    assert ZOO["mlp"].host_devices(params) == 1 and ZOO["mlp"].devices(params) == 4
+    partitioned = parse_zoo_spec("zoo:mlp?devices=4&parallel=dp-partitioned")[1]
+    assert ZOO["mlp"].host_devices(partitioned) == 4
+    g = load_program("zoo:mlp?layers=1&width=32&batch=16384&devices=16384&parallel=dp")
+    assert g.n_devices == 16384
+    reduces = kinds(g, "all_reduce")
+    assert reduces and all(op.attrs["replica_groups"] == [list(range(16384))] for op in reduces)
 
 
 def test_mlp_data_parallel_compiler_partitioned():

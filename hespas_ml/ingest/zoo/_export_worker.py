@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
 
         entry = ZOO[request["family"]]
         params = request["params"]
-        ensure_host_devices(max(1, entry.devices(params)))
+        ensure_host_devices(max(1, entry.host_devices(params)))
         data = entry.generate(params)
         if isinstance(data, str):
             out.write_text(data, encoding="utf-8")

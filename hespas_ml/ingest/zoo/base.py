@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..device_groups import MAX_DEVICES
+
+MAX_PARTITIONED_DEVICES = 1024   # XLA's partitioner compiles for devices that must exist (fake host devices)
+
 ParamValue = int | float | str | bool
 
 
@@ -68,9 +72,11 @@ def _num(x: float) -> str:
 class ZooEntry:
     """A zoo family: the parameters it takes and how to generate its StableHLO.
 
-    ``generate(params)`` runs in a fresh process that has ``devices(params)`` fake host devices and
-    returns StableHLO text (str) or MLIR bytecode (bytes); the same parameters must give the same
-    program. ``check(params)`` returns a message when a combination of valid values is invalid.
+    ``devices(params)`` is the device count of the program. ``generate(params)`` runs in a fresh process
+    that has ``host_devices(params)`` fake host devices (XLA's partitioner needs the devices it partitions
+    for; ``shard_map`` over an abstract mesh needs none) and returns StableHLO text (str) or MLIR bytecode
+    (bytes); the same parameters must give the same program. ``check(params)`` returns a message when a
+    combination of valid values is invalid.
     Bump ``version`` when the generator's output changes, so cached programs are re-exported.
     """
 
@@ -79,6 +85,8 @@ class ZooEntry:
     params: tuple[ZooParam, ...]
     generate: Callable[[dict[str, Any]], str | bytes]
     devices: Callable[[dict[str, Any]], int] = field(default=lambda p: int(p.get("devices", 1)))
+    host_devices: Callable[[dict[str, Any]], int] = field(
+        default=lambda p: int(p.get("devices", 1)) if str(p.get("parallel", "")).endswith("-partitioned") else 1)
     check: Callable[[dict[str, Any]], str | None] | None = None
     version: int = 1
 

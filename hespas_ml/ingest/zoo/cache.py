@@ -109,7 +109,7 @@ def _atomic_write(path: Path, raw: bytes) -> None:
 
 def export_in_subprocess(family: str, params: dict[str, Any], source: str) -> str | bytes:
     """Run the family's generator in a fresh Python with the fake host devices it needs."""
-    devices = ZOO[family].devices(params)
+    devices = ZOO[family].host_devices(params)
     env = dict(os.environ)
     env["XLA_FLAGS"] = with_host_device_flag(env.get("XLA_FLAGS", ""), max(1, devices))
     env["JAX_PLATFORMS"] = "cpu"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import cnn_layers as L
-from .base import ZooEntry, ZooParam
+from .base import MAX_DEVICES, ZooEntry, ZooParam
 
 LEARNING_RATE = 0.1
 MOMENTUM = 0.9
@@ -51,7 +51,7 @@ PARAMS = (
     ZooParam("step", str, "train", "infer: forward only; train: forward, backward and update",
              choices=("infer", "train")),
     ZooParam("optimizer", str, "sgd", "update rule of a training step", choices=("sgd", "momentum", "adam")),
-    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "dp | dp-partitioned | fsdp | fsdp-partitioned (see the module docs)",
              choices=("dp", "dp-partitioned", "fsdp", "fsdp-partitioned")),
 )
@@ -130,7 +130,7 @@ def export_cnn_step(p: dict[str, Any], param_shapes: Any, state_shapes: Any,
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from ..export import export_jax, export_partitioned
@@ -169,14 +169,16 @@ def export_cnn_step(p: dict[str, Any], param_shapes: Any, state_shapes: Any,
     if n_dev == 1:
         return export_jax(make_train(local) if train else infer, *args, name=name)
 
-    mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",))
+    partitioned = p["parallel"].endswith("-partitioned")
+    # XLA's partitioner needs the devices; shard_map writes the per-device program over an abstract mesh
+    mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",)) if partitioned else AbstractMesh((n_dev,), ("data",))
     fsdp = p["parallel"].startswith("fsdp")
     # FSDP: a parameter is sharded along its last dimension when that divides by the device count.
     sharded = jax.tree.map(lambda a: fsdp and a.ndim >= 1 and a.shape[-1] % n_dev == 0, params)
     pspec = jax.tree.map(lambda a, s: P(*([None] * (a.ndim - 1)), "data") if s else P(), params, sharded)
     opt_spec = {"sgd": (), "momentum": pspec, "adam": (pspec, pspec, P())}[p["optimizer"]]
 
-    if p["parallel"].endswith("-partitioned"):
+    if partitioned:
         shard = lambda spec: NamedSharding(mesh, spec)   # noqa: E731
         is_p = lambda x: isinstance(x, P)                # noqa: E731
         w_sh = jax.tree.map(shard, pspec, is_leaf=is_p)

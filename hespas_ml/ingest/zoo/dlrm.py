@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ParamValue, ZooEntry, ZooParam
+from .base import MAX_DEVICES, ParamValue, ZooEntry, ZooParam
 
 PARALLEL = ("dp", "mp", "dp-partitioned", "mp-partitioned")
 MAX_TABLE_ELEMENTS = (1 << 31) - 1      # XLA indexes a tensor with 32-bit integers
@@ -90,7 +90,7 @@ PARAMS = (
              choices=("infer", "train")),
     ZooParam("optimizer", str, "sgd", "update rule of a training step (dense, tables included)",
              choices=("sgd", "adagrad", "adam")),
-    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "dp: everything replicated, batch split; mp: tables split by table with "
              "all_to_all of pooled embeddings, MLPs data parallel; -partitioned: the same layout, XLA's SPMD "
              "partitioner", choices=PARALLEL),
@@ -272,7 +272,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     in_specs = ((pspec, _opt_specs(p["optimizer"], pspec), P(AXIS), ids_spec, P(AXIS)) if train
                 else (pspec, P(AXIS), ids_spec))
     out_specs = (pspec, _opt_specs(p["optimizer"], pspec), P()) if train else P(AXIS)
-    mesh = make_mesh(n_dev)
+    mesh = make_mesh(n_dev, partitioned=partitioned)
     if partitioned:
         def named(tree):
             return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P))

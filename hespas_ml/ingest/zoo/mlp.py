@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ZooEntry, ZooParam
+from .base import MAX_DEVICES, ZooEntry, ZooParam
 
 LEARNING_RATE = 0.01
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
@@ -25,7 +25,7 @@ PARAMS = (
     ZooParam("step", str, "train", "infer: forward only; train: forward, backward and update",
              choices=("infer", "train")),
     ZooParam("optimizer", str, "sgd", "update rule of a training step", choices=("sgd", "adam")),
-    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "dp: shard_map with psum of gradients; dp-partitioned: jit with "
              "in_shardings, compiler-partitioned form", choices=("dp", "dp-partitioned")),
 )
@@ -42,7 +42,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from ..export import export_jax, export_partitioned
@@ -95,9 +95,11 @@ def generate(p: dict[str, Any]) -> str | bytes:
         step = make_train(lambda loss, grads: (loss, grads)) if train else forward
         return export_jax(step, *args, name=name)
 
-    mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",))
+    partitioned = p["parallel"] == "dp-partitioned"
+    # XLA's partitioner needs the devices; shard_map writes the per-device program over an abstract mesh
+    mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",)) if partitioned else AbstractMesh((n_dev,), ("data",))
     batch_specs = (P("data"), P("data")) if train else (P("data"),)
-    if p["parallel"] == "dp-partitioned":
+    if partitioned:
         step = make_train(lambda loss, grads: (loss, grads)) if train else forward
         replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
         in_shardings = ((replicated, replicated, rows, rows) if train else (replicated, rows))

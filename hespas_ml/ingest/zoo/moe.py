@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import ZooEntry, ZooParam
+from .base import MAX_DEVICES, ZooEntry, ZooParam
 from .checks import check_heads, check_parallel, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "ep", "dp-partitioned", "fsdp-partitioned", "tp-partitioned", "ep-partitioned")
@@ -52,7 +52,7 @@ PARAMS = (
              choices=("infer", "train")),
     ZooParam("optimizer", str, "sgd", "update rule of a training step", choices=("sgd", "adam")),
     ZooParam("scan", bool, False, "blocks as one lax.scan over stacked parameters (a while loop)"),
-    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp, ep (shard_map, "
              "explicit collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
 )

@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
 AXIS = "devices"
@@ -47,10 +47,13 @@ def is_partitioned(parallel: str) -> bool:
     return parallel.endswith("-partitioned")
 
 
-def make_mesh(n: int) -> Mesh:
-    """A one-axis mesh over the first ``n`` devices with an Auto axis (what shard_map and
-    ``in_shardings`` both accept; ``jax.make_mesh`` would default to Explicit axes)."""
-    return Mesh(np.array(jax.devices()[:n]), (AXIS,))
+def make_mesh(n: int, *, partitioned: bool) -> Mesh | AbstractMesh:
+    """A one-axis mesh of ``n`` devices with an Auto axis. For XLA's partitioner (``partitioned``) the
+    first ``n`` devices, which must exist; for ``shard_map`` an abstract mesh: the per-device program and
+    its device groups are written without any device (``jax.make_mesh`` would default to Explicit axes)."""
+    if partitioned:
+        return Mesh(np.array(jax.devices()[:n]), (AXIS,))
+    return AbstractMesh((n,), (AXIS,))
 
 
 def fsdp_axis(shape: tuple[int, ...], n: int) -> int | None:

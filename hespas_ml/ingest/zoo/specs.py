@@ -8,7 +8,7 @@ from . import llama, mlp, moe, vit
 from . import cnn, micro_conv, micro_matmul, micro_vector
 from . import dlrm, unet
 from . import convnext, efficientnet, mobilenet, swin
-from .base import ParamValue, ZooEntry, ZooParam
+from .base import MAX_PARTITIONED_DEVICES, ParamValue, ZooEntry, ZooParam
 
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     mlp.ENTRY,
@@ -76,6 +76,9 @@ def parse_zoo_spec(spec: str) -> tuple[str, dict[str, ParamValue]]:
         problem = entry.check(params)
         if problem:
             raise IngestError(text, problem)
+    if entry.host_devices(params) > MAX_PARTITIONED_DEVICES:
+        raise IngestError(text, f"a compiler-partitioned program runs on at most {MAX_PARTITIONED_DEVICES} devices "
+                                f"(XLA partitions for devices that exist); use an explicit strategy")
     return family, params
 
 

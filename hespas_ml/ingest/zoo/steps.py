@@ -188,7 +188,7 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     if strategy == "none":
         return export_jax(fn, *args, name=name)
-    mesh = make_mesh(devices)
+    mesh = make_mesh(devices, partitioned=partitioned)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train
                 else (p_specs, in_batch))
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ZooEntry, ZooParam
+from .base import MAX_DEVICES, ZooEntry, ZooParam
 from .checks import check_parallel
 
 PARALLEL = ("dp", "fsdp", "dp-partitioned", "fsdp-partitioned")
@@ -49,7 +49,7 @@ PARAMS = (
     ZooParam("step", str, "train", "infer: forward only; train: forward, backward and update",
              choices=("infer", "train")),
     ZooParam("optimizer", str, "sgd", "update rule of a training step", choices=("sgd", "adam")),
-    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+    ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
 )

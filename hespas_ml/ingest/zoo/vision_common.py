@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ParamValue, ZooParam
+from .base import MAX_DEVICES, ParamValue, ZooParam
 from .checks import check_parallel
 
 PARALLEL = ("dp", "dp-partitioned", "fsdp", "fsdp-partitioned")
@@ -30,7 +30,7 @@ def step_params(batch: int = 8, classes: int = 1000) -> tuple[ZooParam, ...]:
         ZooParam("step", str, "train", "infer: forward only; train: forward, backward and update",
                  choices=("infer", "train")),
         ZooParam("optimizer", str, "sgd", "update rule of a training step", choices=("sgd", "momentum", "adam")),
-        ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=1024),
+        ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
         ZooParam("parallel", str, "dp", "dp | dp-partitioned | fsdp | fsdp-partitioned (as resnet: explicit "
                  "shard_map or XLA's SPMD partitioner)", choices=PARALLEL),
     )
