@@ -186,15 +186,17 @@ class Step:
     ranks: list[dict[str, float]]
     traces: TraceSet
     interval_s: tuple[float, float] | None = None
+    node_ticks: dict[int, dict[int, tuple[int, int]]] | None = None   # by rank, node id: (issue, finish) ns
 
 
 def replay(regions: RegionGraph, times: RegionTimes | list[float], system: SystemConfig | None,
            backend: str = "auto", *, binary: str | None = None, workdir: str | Path | None = None,
-           interval: bool = True, traces: TraceSet | None = None) -> Step:
+           interval: bool = True, traces: TraceSet | None = None, record_nodes: bool = False) -> Step:
     """The step time of ``regions`` with ``times`` (region seconds by id) on ``system``: Chakra traces
     replayed by ASTRA-sim or the embedded replay; with one device (``system`` None or of one NPU), the
     compute time itself. ``interval``: replay the lower and upper times too, when ``times`` has them.
-    ``traces``: the traces of ``times``, when the caller built them already."""
+    ``traces``: the traces of ``times``, when the caller built them already. ``record_nodes``: keep each
+    node's issue and finish ns in ``node_ticks`` (the embedded replay only)."""
     seconds = times.seconds if isinstance(times, RegionTimes) else list(times)
     if traces is None:
         traces = build_traces(regions, seconds, regions.n_devices)
@@ -203,11 +205,11 @@ def replay(regions: RegionGraph, times: RegionTimes | list[float], system: Syste
                     [{"rank": 0, "finish_s": traces.compute_time_s, "exposed_comm_s": 0.0}], traces)
     else:
         res = replay_traces(traces.traces, system, traces.comm_groups or None, backend=backend, binary=binary,
-                            workdir=workdir)
+                            workdir=workdir, record_nodes=record_nodes)
         # ASTRA-sim's split: finish = compute on the last rank + exposed communication
         step = Step(res.step_time_s, res.step_time_s - res.exposed_comm_s, res.exposed_comm_s, res.backend,
                     [{"rank": r.rank, "finish_s": r.finish_ns * 1e-9, "exposed_comm_s": r.exposed_comm_ns * 1e-9}
-                     for r in res.ranks], traces)
+                     for r in res.ranks], traces, node_ticks=res.details.get("nodes"))
     if interval and isinstance(times, RegionTimes) and times.lower is not None:
         ends = [replay(regions, bound, system, backend, binary=binary, interval=False).step_time_s
                 for bound in (times.lower, times.upper)]
@@ -336,10 +338,11 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     if out_dir is not None:                 # before the replay, so that a failing replay leaves its inputs
         _write_outputs(out_dir, graph.name, traces, q.system, rows)
     step = replay(rg, times, q.system, q.replay, binary=q.astra_sim_bin, traces=traces,
-                  workdir=(out_dir / "astra-sim") if out_dir and q.system else None)
+                  workdir=(out_dir / "astra-sim") if out_dir and q.system else None, record_nodes=out_dir is not None)
     timings["replay"] = time.perf_counter() - t
     if out_dir is not None:
-        write_timeline(out_dir / "timeline.png", step_spans(traces.traces, q.system, traces.comm_groups or None),
+        spans = step_spans(traces.traces, q.system, traces.comm_groups or None, step.node_ticks)
+        write_timeline(out_dir / "timeline.png", spans,
                        f"{graph.name} on {q.system.source if q.system else 'one device'}, {q.target.name}, "
                        f"{q.fidelity.name} ({q.split} split): step {step.step_time_s * 1e3:.3f} ms")
     timings["total"] = time.perf_counter() - t0

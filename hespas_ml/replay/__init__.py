@@ -38,7 +38,7 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
            system: SystemConfig | str | Path,
            comm_groups: dict[int, list[int]] | str | Path | None = None,
            backend: str = "auto", binary: str | Path | None = None,
-           workdir: str | Path | None = None) -> ReplayResult:
+           workdir: str | Path | None = None, record_nodes: bool = False) -> ReplayResult:
     """Replay a workload on a system and return per-rank finish times.
 
     traces_or_prefix: per-rank EtNode lists, an ET path prefix (`<prefix>.<r>.et`), or a folder holding
@@ -49,6 +49,8 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
         "embedded" or "astra-sim".
     binary: explicit ASTRA-sim binary; workdir: where the binary's input files and logs go (a
         temporary folder, removed afterwards, when None).
+    record_nodes: the embedded replay also gives each node's issue and finish ns
+        (``details["nodes"][rank][node id]``; the binary does not).
     """
     if backend not in BACKENDS:
         raise ReplayError(f"unknown replay backend {backend!r} (choose from {', '.join(BACKENDS)})")
@@ -71,7 +73,7 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
             traces = read_traces(traces_or_prefix, cfg.n_npus)
         else:
             traces = list(traces_or_prefix)
-        return replay_embedded(traces, cfg, groups)
+        return replay_embedded(traces, cfg, groups, record_nodes=record_nodes)
     with tempfile.TemporaryDirectory(prefix="hespas-astrasim-") as scratch:
         folder = Path(workdir) if workdir is not None else Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)

@@ -26,9 +26,11 @@ class Span:
 
 
 def step_spans(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig | None,
-               comm_groups: dict[int, list[int]] | None = None) -> dict[int, list[Span]]:
+               comm_groups: dict[int, list[int]] | None = None,
+               ticks: dict[int, dict[int, tuple[int, int]]] | None = None) -> dict[int, list[Span]]:
     """The spans of every node of the replayed ranks (all of them, or rank 0 alone where the replay
-    simulated one rank for all), by rank."""
+    simulated one rank for all), by rank. ``ticks``: the embedded replay's node ticks when a replay of
+    these traces recorded them (``details["nodes"]``); else the traces are replayed here."""
     if system is None or system.n_npus == 1:
         spans, t = [], 0
         for node in traces[0]:
@@ -37,7 +39,8 @@ def step_spans(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig | Non
                 spans.append(Span(t, end, "compute", node.name))
                 t = end
         return {0: spans}
-    ticks = replay_embedded(traces, system, comm_groups, record_nodes=True).details["nodes"]
+    if ticks is None:
+        ticks = replay_embedded(traces, system, comm_groups, record_nodes=True).details["nodes"]
     out: dict[int, list[Span]] = {}
     for rank, by_id in ticks.items():
         nodes = {n.id: n for n in traces[rank]}

@@ -23,9 +23,11 @@ def test_the_timeline_shows_the_replays_finish_and_exposed_communication(tmp_pat
     q = pipeline.Question.resolve(DP, "A100-40GB", "ring:4x50")
     regions = pipeline.split(pipeline.ingest(q.program, q.system))
     times = pipeline.label(regions, q.fidelity, q.target)
-    step = pipeline.replay(regions, times, q.system, "embedded")
+    step = pipeline.replay(regions, times, q.system, "embedded", record_nodes=True)
     spans = step_spans(step.traces.traces, q.system, step.traces.comm_groups or None)
     assert sorted(spans) == [0, 1, 2, 3]
+    # the ticks the step's own replay recorded draw the same picture, without a second replay
+    assert step_spans(step.traces.traces, q.system, None, step.node_ticks) == spans
     ranks = replay_embedded(step.traces.traces, q.system, step.traces.comm_groups or None).ranks
     for r in ranks:
         assert max(s.end_ns for s in spans[r.rank]) == r.finish_ns

@@ -98,3 +98,6 @@ class ZooEntry:
 
     def defaults(self) -> dict[str, ParamValue]:
         return {p.name: p.default for p in self.params}
+
+
+__all__ = ["MAX_DEVICES", "MAX_PARTITIONED_DEVICES", "ParamValue", "ZooEntry", "ZooParam"]

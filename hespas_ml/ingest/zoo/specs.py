@@ -8,7 +8,7 @@ from . import llama, mlp, moe, vit
 from . import cnn, micro_conv, micro_matmul, micro_vector
 from . import dlrm, unet
 from . import convnext, efficientnet, mobilenet, swin
-from .base import MAX_PARTITIONED_DEVICES, ParamValue, ZooEntry, ZooParam
+from .base import MAX_PARTITIONED_DEVICES, ParamValue, ZooEntry
 
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     mlp.ENTRY,
