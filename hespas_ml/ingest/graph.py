@@ -114,7 +114,7 @@ class OpGraph:
     loops: list[Loop] = field(default_factory=list)
     num_replicas: int = 1
     num_partitions: int = 1
-    inputs: list[TensorType] = field(default_factory=list)    # main's parameters
+    inputs: list[TensorType] = field(default_factory=list)    # main's parameters, as one device holds them
     outputs: list[int] = field(default_factory=list)          # op ids that main returns (-1: an input)
     warnings: list[str] = field(default_factory=list)
     source: str = ""                 # file path or zoo spec it came from

@@ -156,6 +156,8 @@ class _Ingester:
         self.main_op = -1                         # position in main's body of the top-level op being walked
         self._warned: set[str] = set()
         self._type_cache: dict = {}                # MLIR type -> its flattened TensorTypes
+        self.main_args: dict = {}                  # main's block arguments -> their index
+        self.local_inputs: dict[int, TensorType] = {}   # index -> the per-device type a shard_map body takes
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> OpGraph:
@@ -189,6 +191,7 @@ class _Ingester:
         if len(main.regions[0].blocks) > 1:
             self.warn("'main' has more than one block; only the first is read")
         inputs = [self._tensor_type(a.type, main, f"argument {i} of main") for i, a in enumerate(block.arguments)]
+        self.main_args = {a: i for i, a in enumerate(block.arguments)}
         env = dict(zip(block.arguments, self.hook_main_args(block)))
         self.call_stack = ["main"]
         outputs = self._walk_block(block, env, count=1, loop=None, fusion=None, path="main", depth=0)
@@ -197,6 +200,7 @@ class _Ingester:
             self.warn(f"module declares no device count; {devices.replicas} devices inferred from its "
                       "device groups")
         name = self.name or (text_of(attrs["sym_name"]) if "sym_name" in attrs else "") or "module"
+        inputs = [self.local_inputs.get(i, t) for i, t in enumerate(inputs)]
         return OpGraph(name=name, ops=self.ops, loops=self.loops, num_replicas=devices.replicas,
                        num_partitions=devices.partitions, inputs=[t for t in inputs if t is not None],
                        outputs=outputs, warnings=self.warnings, source=self.source)
@@ -331,6 +335,10 @@ class _Ingester:
                     fid = self.fusion_count
                     self.fusion_count += 1
                 inner = op.regions[0].blocks[0]
+                if name == "sdy.manual_computation":      # main's arguments as one device holds them
+                    for value, arg in zip(op.operands, inner.arguments):
+                        if value in self.main_args:
+                            self.local_inputs[self.main_args[value]] = self._tensor_type(arg.type, op, "argument")
                 sub = dict(env)
                 ids = [self._producer(v, env) for v in op.operands]
                 sub.update(zip(inner.arguments, self.hook_region_args(op, inner, ids)))

@@ -75,6 +75,12 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:moe?capacity=0", "capacity=0.0 is below the minimum 0.01"),
     ("zoo:moe?group=48&seq=16&batch=8", "group=48 does not divide the 128 tokens (batch·seq)"),
     ("zoo:moe?group=64&seq=16&batch=8&devices=4&parallel=ep", "group=64 does not divide the 32 tokens of a device"),
+    ("zoo:llama?heads=8&kv_heads=8&mesh=dp:2,tp:16&devices=32", "tp 16 does not divide heads 8"),
+    ("zoo:llama?mesh=dp:2,tp:4&devices=4", "mesh=dp:2,tp:4 spans 8 devices, not devices=4"),
+    ("zoo:llama?mesh=pp:2&devices=2", "mesh axis 'pp' is not one of dp, fsdp, tp"),
+    ("zoo:llama?mesh=dp:2,dp:2&devices=4", "mesh axis 'dp' is given twice"),
+    ("zoo:llama?mesh=dp:3,tp:2&devices=6&batch=8", "dp × fsdp = 3 does not divide batch 8"),
+    ("zoo:llama?mesh=dp:2,tp:4&devices=8&parallel=tp", "leave parallel=tp out"),
 ])
 def test_impossible_combinations_are_rejected_in_one_line(spec, message):
     with pytest.raises(IngestError) as info:
@@ -196,6 +202,34 @@ def test_llama_compiler_partitioned(parallel):
     # XLA fused the program; the dots are still the global ones split over 4 devices (or replicated)
     if parallel == "dp-partitioned":
         assert matrix_flops(g) == pytest.approx(3 * llama_forward_flops(2, 64, 4, 4, 128, 256, 16, 2), rel=1e-6)
+
+
+LLAMA_SMALL = "zoo:llama?layers=2&d_model=128&heads=4&vocab=512&seq=64&batch=8&step=train"
+
+
+@pytest.mark.parametrize("parallel", ["dp", "fsdp", "tp"])
+def test_a_one_axis_mesh_is_the_strategy_of_that_name(parallel):
+    from hespas_ml import simulate
+
+    one = simulate(f"{LLAMA_SMALL}&parallel={parallel}&devices=4", target="H100", system="ring:4x100")
+    mesh = simulate(f"{LLAMA_SMALL}&mesh={parallel}:4&devices=4", target="H100", system="ring:4x100")
+    assert (mesh.step_time_s, mesh.n_comp_nodes, mesh.n_comm_nodes, mesh.peak_memory_bytes) == \
+           (one.step_time_s, one.n_comp_nodes, one.n_comm_nodes, one.peak_memory_bytes)
+
+
+def test_a_three_axis_mesh_places_tp_innermost_and_dp_outermost():
+    g = load(f"{LLAMA_SMALL}&mesh=dp:2,fsdp:2,tp:2&devices=8")
+    assert g.n_devices == 8
+    groups = {(op.kind, tuple(map(tuple, op.attrs["replica_groups"]))) for op in g.ops if op.is_collective}
+    tp, fsdp, dp = ((0, 1), (2, 3), (4, 5), (6, 7)), ((0, 2), (1, 3), (4, 6), (5, 7)), ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert ("all_reduce", tp) in groups                          # Megatron's all-reduces, inside a node
+    assert ("all_gather", fsdp) in groups and ("reduce_scatter", fsdp) in groups
+    assert ("all_reduce", dp) in groups                          # gradients over the data-parallel replicas
+    assert ("all_reduce", ((0, 2, 4, 6), (1, 3, 5, 7))) in groups   # the loss over dp × fsdp
+    # the program's arguments are what one device holds: a quarter of each 128x128 attention matrix (heads
+    # over tp, d_model over fsdp), a sixteenth of the 8x64 batch of tokens
+    shapes = {str(t) for t in g.inputs}
+    assert "64x64xf32" in shapes and "128x128xf32" not in shapes and "2x64xi32" in shapes
 
 
 def test_exports_are_deterministic(monkeypatch, tmp_path):

@@ -73,3 +73,18 @@ def test_the_peak_is_near_what_xla_assigns(program):
     assert ours.arguments == stats.argument_size_in_bytes
     xla = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
     assert xla / 1.6 <= ours.peak <= xla * 1.6, (ours.peak, xla)
+
+
+@pytest.mark.slow
+def test_arguments_are_what_one_device_holds():
+    """A sharded program's arguments count at the shapes one device holds (the shard_map body's), not the
+    global ones its main function is written with."""
+    from hespas_ml.ingest import load_program
+
+    llama = "zoo:llama?layers=2&d_model=128&heads=4&vocab=512&seq=64&batch=8&step=train"
+    single = memory(split_program(load_program(llama), "fusion")).arguments
+    dp = memory(split_program(load_program(f"{llama}&parallel=dp&devices=4"), "fusion")).arguments
+    tp = memory(split_program(load_program(f"{llama}&parallel=tp&devices=4"), "fusion")).arguments
+    tokens = 8 * 64 * 4 * 2                       # inputs and targets, i32
+    assert dp == single - tokens * 3 // 4          # the same parameters, a quarter of the batch
+    assert single / 4 < tp < single / 2           # attention and MLP split four ways, embeddings whole

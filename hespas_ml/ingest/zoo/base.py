@@ -13,7 +13,9 @@ ParamValue = int | float | str | bool
 
 @dataclass(frozen=True)
 class ZooParam:
-    """One parameter of a zoo family: ``name=value`` in a spec, parsed to ``type``."""
+    """One parameter of a zoo family: ``name=value`` in a spec, parsed to ``type``. ``optional``: left out of
+    the canonical spelling while it has its default (a parameter added to a family after programs were named
+    by their canonical specs: those names stay what they were)."""
 
     name: str
     type: type
@@ -22,6 +24,7 @@ class ZooParam:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    optional: bool = False
 
     def parse(self, text: str) -> ParamValue:
         """The value written as ``text``; raises ValueError with a message for the user."""

@@ -41,3 +41,46 @@ def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str
         if size % n:
             return f"{name}={size} is not divisible by devices={n} (parallel={parallel} splits it)"
     return None
+
+
+MESH_AXES = ("dp", "fsdp", "tp")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``{"dp": 2, "tp": 4}`` of ``dp:2,tp:4`` (axes of :data:`MESH_AXES`, each once, sizes ≥ 1); ``{}`` of
+    ``""``. Raises ValueError with a one-line message."""
+    out: dict[str, int] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        axis, _, size = item.partition(":")
+        axis = axis.strip()
+        if axis not in MESH_AXES:
+            raise ValueError(f"mesh axis '{axis}' is not one of {', '.join(MESH_AXES)} (write e.g. mesh=dp:2,tp:4)")
+        if axis in out:
+            raise ValueError(f"mesh axis '{axis}' is given twice")
+        if not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"mesh axis '{axis}' needs a size of at least 1 (write {axis}:N)")
+        out[axis] = int(size)
+    return out
+
+
+def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
+    """A message when ``p["mesh"]`` cannot lay out the step: its product is not ``devices``, it is given
+    with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch."""
+    try:
+        mesh = parse_mesh(p["mesh"])
+    except ValueError as exc:
+        return str(exc)
+    if not mesh:
+        return None
+    if p["parallel"] != "dp":
+        return f"mesh={p['mesh']} lays out the devices itself: leave parallel={p['parallel']} out"
+    n = math.prod(mesh.values())
+    if n != p["devices"]:
+        return f"mesh={p['mesh']} spans {n} devices, not devices={p['devices']}"
+    for name, size in tp_dims.items():
+        if size % mesh.get("tp", 1):
+            return f"tp {mesh['tp']} does not divide {name} {size}"
+    shards = mesh.get("dp", 1) * mesh.get("fsdp", 1)
+    if p[batch_key] % shards:
+        return f"dp × fsdp = {shards} does not divide {batch_key} {p[batch_key]}"
+    return None

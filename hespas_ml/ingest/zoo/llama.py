@@ -9,7 +9,8 @@ next-token cross-entropy. ``scan=true`` runs the layers as one ``lax.scan`` over
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (shard_map with explicit collectives) or
 ``dp-partitioned`` | ``fsdp-partitioned`` | ``tp-partitioned`` (XLA's SPMD partitioner); see
 :mod:`.parallel`. Under ``tp`` the query/key/value heads and the MLP hidden units are split (Megatron),
-embedding and LM head are replicated.
+embedding and LM head are replicated. ``mesh=dp:D,fsdp:F,tp:T`` (any of them; D·F·T = devices) uses several
+at once (:func:`~.steps.export_mesh_step`).
 
 Example sizes: the defaults have ~20M parameters; Llama-3.2-3B is
 ``layers=28&d_model=3072&heads=24&kv_heads=8&ffn=8192&vocab=128256&tied=true``.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import check_heads, check_parallel, swiglu_hidden
+from .checks import check_heads, check_mesh, check_parallel, parse_mesh, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 
@@ -43,6 +44,8 @@ PARAMS = (
     ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
+    ZooParam("mesh", str, "", "several of dp, fsdp, tp at once, e.g. dp:16,tp:8 (their product is devices; "
+             "tp innermost, dp outermost); empty: the one axis of parallel", optional=True),
 )
 
 
@@ -69,6 +72,8 @@ def check(p: dict[str, Any]) -> str | None:
     if problem:
         return problem
     tp = {"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"]}
+    if p["mesh"]:
+        return check_mesh(p, tp_dims=tp)
     return check_parallel(p, tp_dims=tp)
 
 
@@ -78,7 +83,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax.numpy as jnp
 
     from . import transformer as tf
-    from .steps import LayeredModel, export_step
+    from .steps import LayeredModel, export_mesh_step, export_step
 
     s = sizes(p)
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
@@ -107,6 +112,9 @@ def generate(p: dict[str, Any]) -> str | bytes:
         loss=tf.lm_loss,
         tp_layer={**tf.DECODER_ATTENTION_TP, "w_gate": 1, "w_up": 1, "w_down": 0},
     )
+    if p["mesh"]:
+        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=parse_mesh(p["mesh"]),
+                                scan=p["scan"], name=f"zoo_llama_{p['step']}")
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p["scan"], name=f"zoo_llama_{p['step']}")
 

@@ -128,43 +128,47 @@ _psum_identity_grad.defvjp(_pig_fwd, _pig_bwd)
 class Collectives:
     """What a model calls where a parallel strategy communicates. ``strategy`` is ``"none"`` (single
     device or compiler-partitioned: every call is the identity) or one of :data:`EXPLICIT`, inside
-    ``shard_map`` over :data:`AXIS` with ``size`` devices. ``axes`` maps a parameter group name to its
-    FSDP layout (used by :meth:`gather`)."""
+    ``shard_map`` over :data:`AXIS` with ``size`` devices; or ``"mesh"``, inside ``shard_map`` over a mesh of
+    several axes, ``mesh_axes`` naming the mesh axis of each role (``fsdp``, ``tp``, ``ep``) it has. ``axes``
+    maps a parameter group name to its FSDP layout (used by :meth:`gather`)."""
 
-    def __init__(self, strategy: str = "none", size: int = 1, axes: dict[str, Axes] | None = None):
+    def __init__(self, strategy: str = "none", size: int = 1, axes: dict[str, Axes] | None = None,
+                 mesh_axes: dict[str, str] | None = None):
         self.strategy = strategy
         self.size = size
         self.axes = axes or {}
+        self.mesh_axes = mesh_axes if mesh_axes is not None else ({strategy: AXIS} if strategy in EXPLICIT else {})
 
     def gather(self, params: dict[str, Any], group: str) -> dict[str, Any]:
         """FSDP: the full parameters of ``group`` (those named in ``params``), all-gathered; their
-        gradients reduce-scatter (replicated ones: all-reduce). Identity for other strategies."""
-        if self.strategy != "fsdp":
+        gradients reduce-scatter (replicated ones: all-reduce). Identity without an FSDP axis."""
+        axis = self.mesh_axes.get("fsdp")
+        if axis is None:
             return params
         layout = self.axes[group]
-        return {k: (_identity_psum_grad(v, AXIS) if layout[k] is None else _all_gather(v, AXIS, layout[k]))
+        return {k: (_identity_psum_grad(v, axis) if layout[k] is None else _all_gather(v, axis, layout[k]))
                 for k, v in params.items()}
 
     def enter_tp(self, x):
         """Start of a tensor-parallel region (input of column-parallel matmuls)."""
-        return _identity_psum_grad(x, AXIS) if self.strategy == "tp" else x
+        axis = self.mesh_axes.get("tp")
+        return x if axis is None else _identity_psum_grad(x, axis)
 
     def exit_tp(self, x):
         """End of a tensor-parallel region (output of a row-parallel matmul): all-reduce."""
-        return _psum_identity_grad(x, AXIS) if self.strategy == "tp" else x
+        axis = self.mesh_axes.get("tp")
+        return x if axis is None else _psum_identity_grad(x, axis)
 
     def to_experts(self, x, expert_axis: int = 0, slot_axis: int = 1):
         """EP: ``[experts, slots, …]`` of local tokens → ``[experts/n, n·slots, …]`` of this device's
-        experts (all_to_all). Identity for other strategies."""
-        if self.strategy != "ep":
-            return x
-        return jax.lax.all_to_all(x, AXIS, expert_axis, slot_axis, tiled=True)
+        experts (all_to_all). Identity without an expert axis."""
+        axis = self.mesh_axes.get("ep")
+        return x if axis is None else jax.lax.all_to_all(x, axis, expert_axis, slot_axis, tiled=True)
 
     def from_experts(self, x, expert_axis: int = 0, slot_axis: int = 1):
         """EP: the inverse of :meth:`to_experts` (all_to_all back to the tokens' devices)."""
-        if self.strategy != "ep":
-            return x
-        return jax.lax.all_to_all(x, AXIS, slot_axis, expert_axis, tiled=True)
+        axis = self.mesh_axes.get("ep")
+        return x if axis is None else jax.lax.all_to_all(x, axis, slot_axis, expert_axis, tiled=True)
 
 
 def psum_replicated(grads: Any, axes: Any):

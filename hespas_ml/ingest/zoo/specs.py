@@ -94,6 +94,8 @@ def with_default_devices(spec: str, devices: int) -> str:
 
 
 def canonical_spec(family: str, params: dict[str, ParamValue]) -> str:
-    """The one spelling of a program: every parameter, in declaration order."""
+    """The one spelling of a program: every parameter (an optional one only off its default), in
+    declaration order."""
     entry = ZOO[family]
-    return PREFIX + family + "?" + "&".join(f"{p.name}={p.format(params[p.name])}" for p in entry.params)
+    return PREFIX + family + "?" + "&".join(f"{p.name}={p.format(params[p.name])}" for p in entry.params
+                                            if not (p.optional and params[p.name] == p.default))

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+import numpy as np
+from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
@@ -147,6 +148,84 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
 
 # -- the step and its export ----------------------------------------------------------------------
 
+def _mesh_layouts(model: LayeredModel, mesh: dict[str, int]) -> tuple[dict[str, Axes], dict[str, Axes]]:
+    """(tp, fsdp) split dimension of every parameter of each group on ``mesh``: tp as the model names it,
+    fsdp the largest other dimension the fsdp size divides (see :func:`~.parallel.fsdp_axis`)."""
+    tp_layout = layouts(model, "tp", 1) if "tp" in mesh else layouts(model, "dp", 1)
+    fsdp_layout: dict[str, Axes] = {}
+    for group, shapes in (("top", model.top), ("layer", model.layer)):
+        fsdp_layout[group] = {}
+        for k, sh in shapes.items():
+            dim = None
+            if "fsdp" in mesh:
+                avoid = tp_layout[group][k]
+                free = [d if i != avoid else 0 for i, d in enumerate(sh.shape)]
+                dim = fsdp_axis(tuple(free), mesh["fsdp"])
+            fsdp_layout[group][k] = dim
+    return tp_layout, fsdp_layout
+
+
+def _mesh_specs(tp_axes: Any, fsdp_axes: Any, shapes: Any) -> Any:
+    """PartitionSpecs naming the ``tp`` and ``fsdp`` mesh axes at the dimensions the two trees give."""
+    if isinstance(tp_axes, dict):
+        return {k: _mesh_specs(tp_axes[k], fsdp_axes[k], shapes[k]) for k in tp_axes}
+    if isinstance(tp_axes, list):
+        return [_mesh_specs(a, b, c) for a, b, c in zip(tp_axes, fsdp_axes, shapes)]
+    dims: list[str | None] = [None] * len(shapes.shape)
+    if tp_axes is not None:
+        dims[tp_axes] = "tp"
+    if fsdp_axes is not None:
+        dims[fsdp_axes] = "fsdp"
+    return P(*dims)
+
+
+MESH_AXES = ("dp", "fsdp", "tp")
+"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), ``dp`` outermost."""
+
+
+def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
+                     name: str) -> str:
+    """Export ``model``'s step on a mesh of several axes at once (``{"dp": D, "fsdp": F, "tp": T}``, any
+    subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
+    dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp."""
+    sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
+    train = step == "train"
+    tp_layout, fsdp_layout = _mesh_layouts(model, sizes)
+    shapes = param_shapes(model, scan)
+    p_specs = _mesh_specs(param_axes(model, tp_layout, scan), param_axes(model, fsdp_layout, scan), shapes)
+    batch_axes = tuple(a for a in ("dp", "fsdp") if a in sizes)
+    batch_spec = P(batch_axes) if batch_axes else P()
+    in_batch = tuple(batch_spec for _ in model.inputs)
+    forward = forward_fn(model, scan)
+    opt = opt_shapes(shapes, optimizer) if train else ()
+    col = Collectives("mesh", int(np.prod(list(sizes.values()) or [1])), fsdp_layout,
+                      mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes})
+    loss_scale = 1.0 / float(np.prod([sizes[a] for a in batch_axes] or [1]))
+
+    def infer_step(params, inputs):
+        return forward(params, inputs, col)
+
+    def train_step(params, opt_state, inputs, targets):
+        def loss_fn(prm):
+            return model.loss(forward(prm, inputs, col), targets) * loss_scale
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        if "dp" in sizes:                      # fsdp's gradients come back reduce-scattered from the gathers
+            grads = jax.tree.map(lambda g: jax.lax.psum(g, "dp"), grads)
+        if batch_axes:
+            loss = jax.lax.psum(loss, batch_axes)
+        params, opt_state = apply_update(params, grads, opt_state, optimizer)
+        return params, opt_state, loss
+
+    fn = train_step if train else infer_step
+    args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
+    in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train else (p_specs, in_batch))
+    out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
+    abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes))
+    sharded = jax.shard_map(fn, mesh=abstract, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    return export_jax(sharded, *args, name=name)
+
+
 def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int, parallel: str,
                 scan: bool, name: str) -> str | bytes:
     """Export ``model``'s inference or training step. One device: plain StableHLO text. Several:
@@ -203,5 +282,5 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     return export_jax(sharded, *args, name=name)
 
 
-__all__ = ["LayeredModel", "apply_update", "export_step", "forward_fn", "layouts", "opt_shapes",
-           "param_axes", "param_shapes"]
+__all__ = ["MESH_AXES", "LayeredModel", "apply_update", "export_mesh_step", "export_step", "forward_fn", "layouts",
+           "opt_shapes", "param_axes", "param_shapes"]
