@@ -14,6 +14,7 @@
     parallelism:                       # crossed with every zoo workload whose family takes devices
       - {devices: 4, parallel: dp}
       - {devices: 8, parallel: fsdp}
+      - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama)
     targets: [H100, A100-80GB]         # presets or target YAML files
     costs: {H100: 2.5}                 # optional: $ per device-hour, per target
     fidelities: [default]              # default: surrogate:roofline once available, else roofline
@@ -49,6 +50,7 @@ from ..ingest.errors import HespasError
 SINGLE_DEVICE = "single device"
 REPLAYS = ("embedded", "astra-sim")
 DEFAULT_FIDELITIES = ("surrogate:roofline", "roofline")
+PLAN_KEYS = ("devices", "parallel", "mesh")      # what a parallelism plan sets
 RESULTS_VERSION = 2     # of the results table's columns: folders written with other columns hold another sweep
 DEFAULT_CHUNK = 1000
 TOP_KEYS = {"name", "split", "workloads", "parallelism", "targets", "costs", "fidelities", "replay", "systems",
@@ -333,12 +335,14 @@ class _Loader:
             return []
         plans = []
         for j, plan in enumerate(_as_list(raw)):
-            if not isinstance(plan, dict) or not set(plan) <= {"devices", "parallel"} or "devices" not in plan:
-                raise self.fail(f"{where}[{j}] must be a mapping with devices (and parallel), got {plan!r}")
+            if not isinstance(plan, dict) or not set(plan) <= set(PLAN_KEYS) or "devices" not in plan:
+                raise self.fail(f"{where}[{j}] must be a mapping with devices (and parallel or mesh), got {plan!r}")
             devices = plan["devices"]
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
                 raise self.fail(f"{where}[{j}]: devices must be a positive integer, got {devices!r}")
-            plans.append({k: plan[k] for k in ("devices", "parallel") if k in plan})
+            if "parallel" in plan and "mesh" in plan:
+                raise self.fail(f"{where}[{j}]: give parallel or mesh, not both")
+            plans.append({k: plan[k] for k in PLAN_KEYS if k in plan})
         return plans
 
     def zoo_programs(self, w: dict[str, Any], where: str, plans: list[dict[str, Any]],
@@ -362,7 +366,7 @@ class _Loader:
         if "parallelism" in w:
             plans = self.plans(w["parallelism"], f"{where}.parallelism")
         takes = [k for k in ("devices", "parallel") if entry.param(k) is not None]
-        if not takes or any(k in params for k in ("devices", "parallel")):
+        if not takes or any(k in params for k in PLAN_KEYS):
             plans = [{}]
         elif not plans:
             plans = [{}]
@@ -375,24 +379,24 @@ class _Loader:
         for values in itertools.product(*grids):
             point = dict(zip(names, values))
             label = family + ("?" + "&".join(f"{k}={_fmt(v)}" for k, v in point.items()
-                                             if k not in ("devices", "parallel")) if point else "")
+                                             if k not in PLAN_KEYS) if point else "")
             label = label.rstrip("?")
             for plan in plans:
-                query = {**point, **{k: v for k, v in plan.items() if entry.param(k) is not None}}
+                query = {**point, **{k: v for k, v in plan.items() if entry.param(k) is not None or k == "mesh"}}
                 text = f"zoo:{family}" + ("?" + "&".join(f"{k}={_fmt(v)}" for k, v in query.items()) if query else "")
                 error = None
                 try:
                     fam, parsed = parse_zoo_spec(text)
                     source = canonical_spec(fam, parsed)
                     devices = int(entry.devices(parsed))
-                    parallel = str(parsed.get("parallel", ""))
+                    parallel = str(parsed.get("mesh") or parsed.get("parallel", ""))
                 except IngestError as exc:
                     error = exc.message
                     source = text
                     devices = int(query.get("devices", 1))
-                    parallel = str(query.get("parallel", ""))
+                    parallel = str(query.get("mesh") or query.get("parallel", ""))
                 out.append(ProgramSpec(start + len(out), label, family, source, devices, parallel,
-                                       {k: v for k, v in point.items() if k not in ("devices", "parallel")},
+                                       {k: v for k, v in point.items() if k not in PLAN_KEYS},
                                        error))
         return out
 

@@ -456,3 +456,24 @@ def test_smoke_rows_say_their_peak_memory_and_that_it_fits(smoke):
     row = ok.iloc[0]
     res = simulate(row["program"], target=row["target"], system=row["system"], replay="embedded")
     assert res.peak_memory_bytes == row["peak_memory_bytes"]
+
+
+def test_a_sweep_over_several_axis_meshes_times_each_layout_as_simulate_does(tmp_path):
+    spec = tmp_path / "mesh.yaml"
+    spec.write_text(yaml.safe_dump({
+        "workloads": [{"zoo": "llama", "params": {"layers": 1, "d_model": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
+                                                  "vocab": 256, "seq": 16, "batch": 8}},
+                      {"zoo": "mlp", "params": {"layers": 1, "width": 64, "batch": 16}}],
+        "parallelism": [{"devices": 8, "mesh": "dp:2,tp:4"}, {"devices": 8, "mesh": "dp:4,fsdp:2"},
+                        {"devices": 8, "parallel": "dp"}],
+        "targets": ["H100"], "replay": ["embedded"], "systems": {"specs": ["switch:4x450,switch:2x50"]}}))
+    run_sweep(spec, tmp_path / "out", workers=1, progress=False)
+    df = pd.read_parquet(tmp_path / "out" / RESULTS)
+    llama = df[df["family"] == "llama"].set_index("parallel")
+    assert set(llama.index) == {"dp:2,tp:4", "dp:4,fsdp:2", "dp"} and (llama["status"] == "ok").all()
+    row = llama.loc["dp:2,tp:4"]
+    res = simulate(row["program"], target="H100", system="switch:4x450,switch:2x50", replay="embedded")
+    assert (res.step_time_s, res.peak_memory_bytes) == (row["step_time_s"], row["peak_memory_bytes"])
+    mlp = df[df["family"] == "mlp"]                      # mlp has one axis: its mesh plans fail in one line
+    assert (mlp[mlp["parallel"] != "dp"]["status"] == "failed").all()
+    assert mlp[mlp["parallel"] != "dp"]["error"].str.contains("mlp has no parameter 'mesh'").all()
