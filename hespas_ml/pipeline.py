@@ -56,7 +56,7 @@ class Question:
     fidelity object that times its regions, the :class:`SystemConfig` (None for one device), the split and
     the replay backend."""
 
-    program: str | OpGraph
+    program: str | OpGraph | None          # None: a question asked of several programs (layouts)
     target: Target
     fidelity: Fidelity
     system: SystemConfig | None = None
@@ -80,12 +80,12 @@ class Question:
         fid.check_target(tgt)
         if system is not None and not isinstance(system, SystemConfig):
             system = load_system(system, local_mem_bw_gbps=tgt.mem_bw / 1e9)
-        if program is None or (not isinstance(program, OpGraph) and not str(program).strip()):
-            raise SimulationError("no program given (a .mlir path, a zoo: spec or an OpGraph)")
-        if not isinstance(program, OpGraph):
+        if program is not None and not isinstance(program, OpGraph):
+            if not str(program).strip():
+                raise SimulationError("no program given (a .mlir path, a zoo: spec or an OpGraph)")
             check_program(str(program), system.n_npus if system is not None else None)
-        return cls(program if isinstance(program, OpGraph) else str(program), tgt, fid, system, split, replay,
-                   astra_sim_bin)
+            program = str(program)
+        return cls(program, tgt, fid, system, split, replay, astra_sim_bin)
 
 
 # ------------------------------------------------------------------------------------------ the stages
@@ -318,6 +318,8 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     the Chakra traces, comm_group.json, the system files, regions.csv, result.json and timeline.png (compute,
     communication and exposed communication of each rank) there."""
     q = question
+    if q.program is None:
+        raise SimulationError("the question names no program to simulate")
     timings: dict[str, float] = {}
     t0 = t = time.perf_counter()
     graph = ingest(q.program, q.system)

@@ -1,5 +1,5 @@
-"""How durations and progress are shown to people: one formatter for every command, report and benchmark, and
-one progress bar (rate and ETA) for long work."""
+"""How durations, memory sizes and progress are shown to people: one formatter each for every command, report
+and benchmark, and one progress bar (rate and ETA) for long work."""
 from __future__ import annotations
 
 
@@ -14,6 +14,14 @@ def format_seconds(seconds: float | None, digits: int = 3) -> str:
     if seconds >= 1e-6 or seconds <= 0.0:
         return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e9:.1f} ns"
+
+
+def format_bytes(value: float) -> str:
+    """A memory size in binary units: ``152.06 MiB``, ``80.00 GiB``, ``512 B``."""
+    for scale, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}B"
+    return f"{value:.0f} B"
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool):

@@ -5,7 +5,7 @@ import json
 import sys
 
 from ..split.regions import SPLITS
-from ..units import format_seconds
+from ..units import format_bytes, format_seconds
 
 
 def register(sub) -> None:
@@ -69,13 +69,6 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.0f} {unit}"
 
 
-def _binary(value: float) -> str:
-    for scale, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {prefix}B"
-    return f"{value:.0f} B"
-
-
 def cmd_simulate(args) -> int:
     from ..pipeline import simulate
 
@@ -103,9 +96,9 @@ def cmd_simulate(args) -> int:
       f"the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
     m = res.memory
-    w(f"memory        {_binary(res.peak_memory_bytes)} at the peak per device ({_binary(m['arguments'])} arguments, "
-      f"{_binary(m['intermediates'] + m['collective_buffers'])} intermediates, {_binary(m['outputs'])} outputs); "
-      f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {_binary(res.memory_capacity_bytes)}\n")
+    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak per device ({format_bytes(m['arguments'])} arguments, "
+      f"{format_bytes(m['intermediates'] + m['collective_buffers'])} intermediates, {format_bytes(m['outputs'])} outputs); "
+      f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)
     if top:

@@ -1,0 +1,50 @@
+"""``layouts``: every dp × fsdp × tp layout of a zoo program on N devices, timed and ranked."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..units import format_bytes, format_seconds
+
+
+def register(sub) -> None:
+    p = sub.add_parser("layouts", help="rank every dp x fsdp x tp layout of a zoo program on N devices",
+                       description="Lay a zoo program out every way its family accepts on N devices (meshes "
+                                   "dp:D,fsdp:F,tp:T), leave out those that do not fit the target's memory, time "
+                                   "the rest on one system and rank them.")
+    p.add_argument("program", help="a zoo spec without devices, parallel or mesh, e.g. 'zoo:llama?layers=8&batch=64'")
+    p.add_argument("--devices", type=int, required=True, help="devices the layouts span")
+    p.add_argument("--system", required=True, help="a system of that many NPUs (a folder or a spec such as "
+                                                    "switch:8x450,switch:4x50)")
+    p.add_argument("--target", default="H100", help="hardware target preset or YAML file (default: H100)")
+    p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
+    p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_layouts)
+
+
+def cmd_layouts(args) -> int:
+    from ..pipeline import Question
+    from ..use.layouts import LayoutError, rank_layouts
+
+    if args.devices < 1:
+        raise LayoutError(f"--devices must be at least 1, got {args.devices}")
+    question = Question.resolve(None, args.target, args.system, fidelity=args.fidelity, replay=args.replay)
+    ranked = rank_layouts(args.program, args.devices, question, progress=not args.json and sys.stderr.isatty())
+    if args.json:
+        print(json.dumps({"program": args.program, "devices": args.devices, "target": question.target.name,
+                          "system": question.system.source, "fidelity": question.fidelity.name,
+                          "layouts": [lay.to_dict() for lay in ranked]}, indent=1))
+        return 0
+    w = sys.stdout.write
+    w(f"{args.program} on {args.devices} x {question.target.name}, {question.system.source}, "
+      f"{question.fidelity.name}\n\n")
+    w(f"  {'rank':>4}  {'mesh':<20} {'step':>10}  {'exposed comm':>12}  {'memory':>10}  {'util':>6}\n")
+    for i, lay in enumerate(ranked, 1):
+        mem = format_bytes(lay.peak_memory_bytes) if lay.peak_memory_bytes else "-"
+        if lay.status == "ok":
+            w(f"  {i:>4}  {lay.mesh:<20} {format_seconds(lay.step_time_s):>10}  {format_seconds(lay.exposed_comm_s):>12}"
+              f"  {mem:>10}  {lay.utilisation:6.1%}\n")
+        else:
+            w(f"  {'-':>4}  {lay.mesh:<20} {lay.status:>10}  {'':>12}  {mem:>10}  {'':>6}  {lay.reason[:90]}\n")
+    return 0

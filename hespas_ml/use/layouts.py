@@ -1,0 +1,110 @@
+"""Every way to lay one zoo program out on N devices, ranked: the dp × fsdp × tp meshes its family accepts.
+
+Each mesh is checked by the family's own rules (an impossible one says why), then ingested and split; a
+layout whose per-device memory does not fit the target is reported without being timed; the rest are
+labelled and replayed with the pipeline's stages on one system, and ranked by step time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import pipeline
+from ..costs import graph_cost
+from ..ingest.errors import HespasError
+from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
+from ..split.memory import memory
+from ..units import progress_bar
+
+AXES = ("dp", "fsdp", "tp")
+
+
+class LayoutError(HespasError):
+    pass
+
+
+@dataclass
+class Layout:
+    """One mesh of the program: ``status`` ok (timed), too-big (does not fit, not timed) or invalid."""
+
+    mesh: str
+    program: str
+    status: str
+    reason: str = ""
+    step_time_s: float = math.nan
+    exposed_comm_s: float = math.nan
+    peak_memory_bytes: int = 0
+    utilisation: float = math.nan     # per-device FLOPs / (step time × the target's peak for the program's dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def meshes(devices: int) -> list[dict[str, int]]:
+    """Every (dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order."""
+    out = []
+    for tp in range(1, devices + 1):
+        if devices % tp:
+            continue
+        for fsdp in range(1, devices // tp + 1):
+            if (devices // tp) % fsdp == 0:
+                out.append({"dp": devices // tp // fsdp, "fsdp": fsdp, "tp": tp})
+    return out
+
+
+def mesh_text(mesh: dict[str, int]) -> str:
+    return ",".join(f"{a}:{mesh[a]}" for a in AXES if mesh[a] > 1) or "dp:1"
+
+
+def rank_layouts(program: str, devices: int, question: pipeline.Question, *, progress: bool = False) -> list[Layout]:
+    """Every layout of the zoo ``program`` (a spec without devices, parallel or mesh) on ``devices``, timed
+    on ``question``'s target, fidelity and system (its program is ignored), best first."""
+    if not is_zoo_spec(program):
+        raise LayoutError(f"{program}: layouts are enumerated for zoo programs (a .mlir file has one layout)")
+    family, params = parse_zoo_spec(program)
+    if ZOO[family].param("mesh") is None:
+        raise LayoutError(f"{program}: {family} takes no mesh (families that do: "
+                          f"{', '.join(n for n, e in ZOO.items() if e.param('mesh') is not None)})")
+    named = {item.partition("=")[0].strip() for item in program.partition("?")[2].split("&")}
+    if named & {"devices", "parallel", "mesh"}:
+        raise LayoutError(f"{program}: leave devices, parallel and mesh out: the layouts set them")
+    if question.system is None or question.system.n_npus != devices:
+        raise LayoutError(f"the system must have the {devices} devices the layouts span")
+    peak = question.target.peak_flops(str(params.get("dtype", "f32")), "matrix")
+    out: list[Layout] = []
+    candidates = meshes(devices)
+    sep = "&" if "?" in program else "?"
+    with progress_bar(len(candidates), "layouts", "layout", progress) as bar:
+        for mesh in candidates:
+            text = mesh_text(mesh)
+            spec = f"{program}{sep}mesh={text}&devices={devices}"
+            bar.set_postfix_str(text, refresh=False)
+            out.append(_layout(spec, text, question, peak))
+            bar.update(1)
+    order = {"ok": 0, "too-big": 1, "invalid": 2}
+    return sorted(out, key=lambda lay: (order[lay.status], lay.step_time_s if lay.status == "ok" else 0.0,
+                                        lay.peak_memory_bytes))
+
+
+def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
+    try:
+        parse_zoo_spec(spec)
+    except HespasError as exc:
+        return Layout(text, spec, "invalid", str(exc).removeprefix(f"{spec}: "))
+    try:
+        regions = pipeline.split(pipeline.ingest(spec, q.system), q.split)
+        footprint = memory(regions).peak
+        if footprint > q.target.mem_capacity:
+            return Layout(text, spec, "too-big", f"{footprint / 2**30:.2f} GiB per device, the {q.target.name} "
+                          f"has {q.target.mem_capacity / 2**30:.2f} GiB", peak_memory_bytes=footprint)
+        times = pipeline.label(regions, q.fidelity, q.target)
+        step = pipeline.replay(regions, times, q.system, q.replay, interval=False)
+    except HespasError as exc:
+        return Layout(text, spec, "invalid", str(exc))
+    flops = graph_cost(regions.graph)["flops"]
+    util = flops / (step.step_time_s * peak) if step.step_time_s > 0 and peak > 0 else math.nan
+    return Layout(text, spec, "ok", "; ".join(times.caveats), step.step_time_s, step.exposed_comm_s, footprint, util)
+
+
+__all__ = ["AXES", "Layout", "LayoutError", "mesh_text", "meshes", "rank_layouts"]

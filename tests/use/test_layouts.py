@@ -1,0 +1,64 @@
+"""Layouts: every dp x fsdp x tp mesh of a zoo program on N devices, ranked; impossible and too-big ones said."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hespas_ml import simulate
+from hespas_ml.cli.main import main
+from hespas_ml.pipeline import Question
+from hespas_ml.use.layouts import meshes, rank_layouts
+from tests.conftest import readme_command
+
+pytestmark = pytest.mark.slow   # exports programs
+
+LLAMA = "zoo:llama?layers=2&d_model=128&heads=4&vocab=512&seq=64&batch=8&step=train"
+SYSTEM = "switch:4x450,switch:2x50"
+
+
+def test_meshes_are_every_factorisation():
+    assert [tuple(m.values()) for m in meshes(4)] == [(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2), (1, 1, 4)]
+    assert all(m["dp"] * m["fsdp"] * m["tp"] == 12 for m in meshes(12)) and len(meshes(12)) == 18
+
+
+def test_layouts_are_ranked_by_step_time_as_simulate_times_them():
+    ranked = rank_layouts(LLAMA, 8, Question.resolve(None, "H100", SYSTEM))
+    ok = [lay for lay in ranked if lay.status == "ok"]
+    assert len(ok) == 9 and [lay.step_time_s for lay in ok] == sorted(lay.step_time_s for lay in ok)
+    for lay in (ok[0], ok[-1]):
+        res = simulate(lay.program, target="H100", system=SYSTEM)
+        assert (res.step_time_s, res.exposed_comm_s, res.peak_memory_bytes) == \
+               (lay.step_time_s, lay.exposed_comm_s, lay.peak_memory_bytes)
+        assert 0 < lay.utilisation < 1
+    invalid = [lay for lay in ranked if lay.status == "invalid"]
+    assert [(lay.mesh, lay.reason) for lay in invalid] == [("tp:8", "tp 8 does not divide heads 4")]
+
+
+def test_a_layout_that_does_not_fit_is_not_timed():
+    big = ("zoo:llama?layers=4&d_model=4096&heads=32&vocab=32000&seq=128&batch=8&step=train&optimizer=adam")
+    ranked = rank_layouts(big, 8, Question.resolve(None, "T4", SYSTEM))           # 16 GiB cards
+    by_mesh = {lay.mesh: lay for lay in ranked}
+    assert by_mesh["dp:8"].status == "too-big" and "T4 has 16.00 GiB" in by_mesh["dp:8"].reason
+    assert by_mesh["dp:8"].peak_memory_bytes > 16 * 2**30 and by_mesh["dp:8"].step_time_s != by_mesh["dp:8"].step_time_s
+    assert by_mesh["fsdp:8"].status == "ok" and by_mesh["fsdp:8"].peak_memory_bytes < 16 * 2**30
+    assert ranked[0].status == "ok"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["zoo:mlp?layers=2", "--devices", "4", "--system", "ring:4x100"], "mlp takes no mesh"),
+    ([f"{LLAMA}&devices=8", "--devices", "8", "--system", SYSTEM], "leave devices, parallel and mesh out"),
+    ([LLAMA, "--devices", "4", "--system", SYSTEM], "the system must have the 4 devices"),
+])
+def test_bad_requests_are_one_line(argv, expected, capsys):
+    assert main(["layouts", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+
+
+def test_the_readmes_layouts_line(capsys):
+    command = readme_command("hespas-ml layouts")
+    assert main([*command, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["devices"] == 8 and len(data["layouts"]) == 10 and data["layouts"][0]["status"] == "ok"
+    assert main(command) == 0 and "rank  mesh" in capsys.readouterr().out
