@@ -148,6 +148,25 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
 
 # -- the step and its export ----------------------------------------------------------------------
 
+def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, optimizer: str,
+             reduce: Callable[[Any, Any], tuple[Any, Any]], train: bool) -> Callable[..., Any]:
+    """The inference step ``(params, inputs)``, or the training step ``(params, opt_state, inputs, targets)``
+    whose loss and gradients ``reduce`` sums over the devices that share them before the update."""
+
+    def infer_step(params, inputs):
+        return forward(params, inputs, col)
+
+    def train_step(params, opt_state, inputs, targets):
+        def loss_fn(prm):
+            return model.loss(forward(prm, inputs, col), targets) * loss_scale
+
+        loss, grads = reduce(*jax.value_and_grad(loss_fn)(params))
+        params, opt_state = apply_update(params, grads, opt_state, optimizer)
+        return params, opt_state, loss
+
+    return train_step if train else infer_step
+
+
 def _mesh_layouts(model: LayeredModel, mesh: dict[str, int]) -> tuple[dict[str, Axes], dict[str, Axes]]:
     """(tp, fsdp) split dimension of every parameter of each group on ``mesh``: tp as the model names it,
     fsdp the largest other dimension the fsdp size divides (see :func:`~.parallel.fsdp_axis`)."""
@@ -202,22 +221,14 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
                       mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes})
     loss_scale = 1.0 / float(np.prod([sizes[a] for a in batch_axes] or [1]))
 
-    def infer_step(params, inputs):
-        return forward(params, inputs, col)
-
-    def train_step(params, opt_state, inputs, targets):
-        def loss_fn(prm):
-            return model.loss(forward(prm, inputs, col), targets) * loss_scale
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+    def reduce(loss, grads):
         if "dp" in sizes:                      # fsdp's gradients come back reduce-scattered from the gathers
             grads = jax.tree.map(lambda g: jax.lax.psum(g, "dp"), grads)
         if batch_axes:
             loss = jax.lax.psum(loss, batch_axes)
-        params, opt_state = apply_update(params, grads, opt_state, optimizer)
-        return params, opt_state, loss
+        return loss, grads
 
-    fn = train_step if train else infer_step
+    fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train else (p_specs, in_batch))
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
@@ -248,22 +259,14 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     col = Collectives(strategy if explicit else "none", devices, layout)
     loss_scale = 1.0 / devices if explicit and batch_sharded else 1.0
 
-    def infer_step(params, inputs):
-        return forward(params, inputs, col)
-
-    def train_step(params, opt_state, inputs, targets):
-        def loss_fn(prm):
-            return model.loss(forward(prm, inputs, col), targets) * loss_scale
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+    def reduce(loss, grads):
         if explicit and strategy in ("dp", "ep"):
             grads = psum_replicated(grads, axes)
         if explicit and batch_sharded:
             loss = jax.lax.psum(loss, AXIS)
-        params, opt_state = apply_update(params, grads, opt_state, optimizer)
-        return params, opt_state, loss
+        return loss, grads
 
-    fn = train_step if train else infer_step
+    fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     if strategy == "none":
         return export_jax(fn, *args, name=name)
