@@ -17,19 +17,21 @@ from hespas_ml.replay.chakra import (
     write_trace, write_traces,
 )
 from hespas_ml.replay.embedded import RankResult, ReplayResult, replay_embedded
+from hespas_ml.replay.fast import replay_fast
 from hespas_ml.replay.errors import ReplayError, ReplayStageError, SystemConfigError, TraceError
 from hespas_ml.replay.system import (
     NetworkDim, SystemConfig, load_comm_groups, load_system, write_comm_groups, write_system,
 )
 
 BACKENDS = ("auto", "embedded", "astra-sim")
+FAST_REPLAY_RANKS = 512      # from this many ranks the embedded replay goes by the fast path where it applies
 
 __all__ = [
     "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BACKENDS", "BROADCAST", "COMM_COLL_NODE", "COMM_RECV_NODE",
-    "COMM_SEND_NODE", "COMP_NODE", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult", "ReplayError",
+    "COMM_SEND_NODE", "COMP_NODE", "FAST_REPLAY_RANKS", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult", "ReplayError",
     "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "decode_trace",
     "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output", "read_trace",
-    "read_traces", "replay", "replay_astrasim", "replay_embedded", "trace_prefix", "write_comm_groups",
+    "read_traces", "replay", "replay_astrasim", "replay_embedded", "replay_fast", "trace_prefix", "write_comm_groups",
     "write_system", "write_trace", "write_traces",
 ]
 
@@ -46,7 +48,8 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
     system: a SystemConfig, an ASTRA-sim folder or a short spec (see `load_system`).
     comm_groups: {group id: ranks} or a comm_group.json path.
     backend: "auto" (the real congestion-unaware binary when `find_binary` finds one, else embedded),
-        "embedded" or "astra-sim".
+        "embedded" or "astra-sim". From FAST_REPLAY_RANKS ranks the embedded replay takes its fast path
+        (:func:`replay_fast`: the same result, collective phases timed from fitted lines).
     binary: explicit ASTRA-sim binary; workdir: where the binary's input files and logs go (a
         temporary folder, removed afterwards, when None).
     record_nodes: the embedded replay also gives each node's issue and finish ns
@@ -73,6 +76,8 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
             traces = read_traces(traces_or_prefix, cfg.n_npus)
         else:
             traces = list(traces_or_prefix)
+        if cfg.n_npus >= FAST_REPLAY_RANKS and not record_nodes:
+            return replay_fast(traces, cfg, groups)      # the embedded replay's result, to the nanosecond
         return replay_embedded(traces, cfg, groups, record_nodes=record_nodes)
     with tempfile.TemporaryDirectory(prefix="hespas-astrasim-") as scratch:
         folder = Path(workdir) if workdir is not None else Path(scratch)

@@ -53,6 +53,9 @@ CHECK_POINTS = ((0, 0), (1, 0), (0, 1), (1, 1), (10, 0), (0, 10), (10, 10), (20,
                 (500, 3), (999, 1000), (1000, 999), (123_457, 0), (0, 98_765), (65_536, 65_536),
                 (2_000_000, 7), (7, 2_000_000))
 IN_USE_CHECKS = 2            # real (d, r) points per structure also measured exactly, as a last check
+DIRECT_RING = 32             # rings up to this size are fitted from runs of their own size
+RING_SAMPLES = (8, 16, 24, 32)   # larger ones from the fits at these sizes, each coefficient affine in the size
+RING_CHECK = 48              # ... and checked against exact runs at this size
 
 
 # ---------------------------------------------------------------------------------------------- phases
@@ -107,6 +110,8 @@ def measure_phase(structure: tuple, d: int, r: int, cfg: ReplayConfig) -> tuple[
 
 def _fit_structure(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
     """Fit the linear model of a phase structure and check it (see the module docstring)."""
+    if structure[3] > DIRECT_RING:
+        return _fit_by_ring_size(structure, cfg)
     d0, r0 = FIT_BASE
     try:
         p0 = measure_phase(structure, d0, r0, cfg)
@@ -128,6 +133,44 @@ def _fit_structure(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
     except Asymmetric:
         return None
     return fit
+
+
+def _fit_by_ring_size(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
+    """The fit of a ring too large to run at every check point (a run costs the square of its size): when
+    the six coefficients of the fits at :data:`RING_SAMPLES` sizes are affine in the size, the same line at
+    this size, after it reproduces exact runs at :data:`RING_CHECK` members; else None (measured exactly)."""
+    def at_size(m: int) -> tuple | None:
+        key = structure[:3] + (m,) + structure[4:]
+        if key not in _FITS:
+            _FITS[key] = _fit_structure(key, cfg)
+        f = _FITS[key]
+        return None if f is None else (f.a, f.b, f.c, f.la, f.lb, f.lc)
+
+    samples = [at_size(m) for m in RING_SAMPLES]
+    if any(v is None for v in samples):
+        return None
+    m0, m1 = RING_SAMPLES[0], RING_SAMPLES[1]
+    steps = [(b - a) for a, b in zip(samples[0], samples[1])]
+    if any(x % (m1 - m0) for x in steps):
+        return None
+    slope = [x // (m1 - m0) for x in steps]
+
+    def line(m: int) -> _Fit:
+        return _Fit(*[v + k * (m - m0) for v, k in zip(samples[0], slope)], checks_left=0)
+
+    if any(tuple(vars_of(line(m))) != v for m, v in zip(RING_SAMPLES, samples)):
+        return None
+    check = structure[:3] + (RING_CHECK,) + structure[4:]
+    try:
+        if any(line(RING_CHECK).at(d, r) != measure_phase(check, d, r, cfg) for d, r in (FIT_BASE, (1000, 999))):
+            return None
+    except Asymmetric:
+        return None
+    return line(structure[3])
+
+
+def vars_of(fit: _Fit) -> tuple[int, ...]:
+    return fit.a, fit.b, fit.c, fit.la, fit.lb, fit.lc
 
 
 def phase_time(structure: tuple, d: int, r: int, cfg: ReplayConfig) -> tuple[int, int]:

@@ -314,3 +314,30 @@ def test_auto_counts_every_ranks_nodes_when_it_chooses_an_engine() -> None:
     assert [(r.finish_ns, r.exposed_comm_ns) for r in auto.ranks] == [(r.finish_ns, r.exposed_comm_ns) for r in full.ranks]
     small = replay_embedded([list(trace[:10]) for _ in range(4)], load_system("ring:4x100"))
     assert small.details["engine"] == "full"
+
+
+def test_a_ring_larger_than_its_fits_is_timed_from_the_line_through_smaller_ones() -> None:
+    from hespas_ml.replay.embedded.config import ReplayConfig
+    from hespas_ml.replay.fast_collectives import DIRECT_RING, _fit_structure, measure_phase
+
+    cfg = ReplayConfig(load_system("ring:4x100"))
+    for kind in (et.ALL_REDUCE, et.ALL_GATHER, et.REDUCE_SCATTER):
+        structure = (kind, "ring", 1, 2 * DIRECT_RING, 1, True, 10)     # a ring of 64, beyond the direct fits
+        fit = _fit_structure(structure, cfg)
+        assert fit is not None and fit.checks_left == 0
+        for d, r in ((0, 0), (7, 3), (12_345, 678)):
+            assert fit.at(d, r) == measure_phase(structure, d, r, cfg)
+
+
+def test_the_replay_of_many_ranks_takes_the_fast_path_to_the_same_nanosecond() -> None:
+    from hespas_ml.replay import FAST_REPLAY_RANKS, replay
+
+    trace = [comp(0, 5), coll(1, et.ALL_REDUCE, 4 << 20, deps=[0]), comp(2, 7, deps=[1]),
+             coll(3, et.ALL_GATHER, 1 << 20, deps=[2]), comp(4, 3, deps=[3])]
+    system = load_system("switch:8x450,switch:128x50")
+    assert system.n_npus >= FAST_REPLAY_RANKS
+    traces = [list(trace) for _ in range(system.n_npus)]
+    fast = replay(traces, system, backend="embedded")
+    slow = replay_embedded(traces, system)
+    assert fast.details["engine"] == "fast" and slow.details["engine"] != "fast"
+    assert [(r.finish_ns, r.exposed_comm_ns) for r in fast.ranks] == [(r.finish_ns, r.exposed_comm_ns) for r in slow.ranks]
