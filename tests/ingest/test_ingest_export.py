@@ -114,7 +114,7 @@ def test_shard_map_program_has_each_collective_with_its_groups(exported):
     assert by_kind["all_reduce"]["in"] == ["4x8xf32"]
     assert by_kind["all_gather"]["out"] == ["8x8xf32"]
     assert by_kind["reduce_scatter"]["out"] == ["1x8xf32"]
-    assert s["inputs"] == ["16x8xf32"]
+    assert s["inputs"] == ["4x8xf32"]                 # what one device holds of the 16x8 argument
 
 
 def test_partitioned_form_has_xla_chosen_collectives_and_per_device_shapes(exported):

@@ -235,7 +235,7 @@ def test_dlrm_model_parallel_tables_trade_pooled_embeddings_with_all_to_all():
     # each device pools its one table for all 32 samples and receives every table's vector for 8 samples
     assert a2a.operand_types[0] == t(32, 1, 16, "f32") and a2a.result_types[0] == t(8, 4, 16, "f32")
     assert a2a.attrs["replica_groups"] == ALL_DEVICES
-    assert t(4, 1000, 16, "f32") in gi.inputs                   # one stacked table parameter …
+    assert t(1, 1000, 16, "f32") in gi.inputs                   # one device's table of the stacked four …
     # … split by table: one batched lookup of the device's tables, then the interaction triangle
     assert [op.operand_types[0] for op in kinds(gi, "gather")] == [t(1, 1000, 16, "f32"), t(8, 5, 5, "f32")]
     assert not kinds(gi, "all_reduce")
