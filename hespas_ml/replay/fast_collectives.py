@@ -144,7 +144,7 @@ def _fit_by_ring_size(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
         if key not in _FITS:
             _FITS[key] = _fit_structure(key, cfg)
         f = _FITS[key]
-        return None if f is None else (f.a, f.b, f.c, f.la, f.lb, f.lc)
+        return None if f is None else _coefficients(f)
 
     samples = [at_size(m) for m in RING_SAMPLES]
     if any(v is None for v in samples):
@@ -158,7 +158,7 @@ def _fit_by_ring_size(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
     def line(m: int) -> _Fit:
         return _Fit(*[v + k * (m - m0) for v, k in zip(samples[0], slope)], checks_left=0)
 
-    if any(tuple(vars_of(line(m))) != v for m, v in zip(RING_SAMPLES, samples)):
+    if any(_coefficients(line(m)) != v for m, v in zip(RING_SAMPLES, samples)):
         return None
     check = structure[:3] + (RING_CHECK,) + structure[4:]
     try:
@@ -169,7 +169,7 @@ def _fit_by_ring_size(structure: tuple, cfg: ReplayConfig) -> _Fit | None:
     return line(structure[3])
 
 
-def vars_of(fit: _Fit) -> tuple[int, ...]:
+def _coefficients(fit: _Fit) -> tuple[int, ...]:
     return fit.a, fit.b, fit.c, fit.la, fit.lb, fit.lc
 
 
