@@ -70,7 +70,8 @@ class Question:
                 astra_sim_bin: str | None = None, fidelity_options: dict | None = None) -> "Question":
         """Check every choice and load what names name, once: a bad split, replay backend, target, fidelity
         or system is a one-line error before the program is read, and so is a fidelity that does not answer
-        for the target, a program file that does not exist or a zoo spec with a bad parameter. ``fidelity_options`` go to the fidelity's constructor when it is given by name."""
+        for the target, a program file that does not exist or a zoo spec with a bad parameter.
+        ``fidelity_options`` go to the fidelity's constructor when it is given by name."""
         if split not in SPLITS:
             raise SplitError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
         if replay not in BACKENDS:
@@ -351,9 +352,9 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     totals = graph_cost(graph)
     n_comp, n_comm = step.traces.node_counts(0)
     footprint = memory(rg)
-    if footprint.peak > q.target.mem_capacity:
-        graph.warnings.append(f"does not fit: {footprint.peak / 2**30:.2f} GiB per device at the peak, the "
-                              f"{q.target.name} has {q.target.mem_capacity / 2**30:.2f} GiB (timed anyway)")
+    too_big = footprint.shortfall(q.target.mem_capacity, q.target.name)
+    if too_big:
+        graph.warnings.append(f"does not fit: {too_big} (timed anyway)")
     result = SimulationResult(
         program=str(graph.source or graph.name), target=q.target.name, fidelity=q.fidelity.name, split=q.split,
         system=q.system.source if q.system else "single device", replay=step.backend, n_devices=graph.n_devices,
@@ -361,7 +362,7 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         n_comp_nodes=n_comp, n_comm_nodes=n_comm, ranks=step.ranks, regions=rows,
         flops=totals["flops"], bytes=totals["bytes"], unmodelled=totals["unmodelled"],
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
-        step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.labels),
+        step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.distinct.values()),
         kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"),
         memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity))
     if out_dir is not None:

@@ -43,8 +43,8 @@ def cmd_layouts(args) -> int:
     for i, lay in enumerate(ranked, 1):
         mem = format_bytes(lay.peak_memory_bytes) if lay.peak_memory_bytes else "-"
         if lay.status == "ok":
-            w(f"  {i:>4}  {lay.mesh:<20} {format_seconds(lay.step_time_s):>10}  {format_seconds(lay.exposed_comm_s):>12}"
-              f"  {mem:>10}  {lay.utilisation:6.1%}\n")
+            w(f"  {i:>4}  {lay.mesh:<20} {format_seconds(lay.step_time_s):>10}  "
+              f"{format_seconds(lay.exposed_comm_s):>12}  {mem:>10}  {lay.utilisation:6.1%}\n")
         else:
             w(f"  {'-':>4}  {lay.mesh:<20} {lay.status:>10}  {'':>12}  {mem:>10}  {'':>6}  {lay.reason[:90]}\n")
     return 0

@@ -92,12 +92,14 @@ def cmd_simulate(args) -> int:
       + (f"   (interval {format_seconds(interval[0])} .. {format_seconds(interval[1])})" if interval else "") + "\n")
     if res.seen_in_training:
         w("learned       the model learned this program's regions: its figures for it are not out of sample\n")
-    w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}; {_si(res.kernel_bytes, 'B')} moved by "
-      f"the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; per device)\n")
+    w(f"compute time  {format_seconds(res.compute_time_s)}   ({_si(res.flops, 'FLOP')}; "
+      f"{_si(res.kernel_bytes, 'B')} moved by the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; "
+      f"per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
     m = res.memory
-    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak per device ({format_bytes(m['arguments'])} arguments, "
-      f"{format_bytes(m['intermediates'] + m['collective_buffers'])} intermediates, {format_bytes(m['outputs'])} outputs); "
+    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak per device "
+      f"({format_bytes(m['arguments'])} arguments, {format_bytes(m['intermediates'] + m['collective_buffers'])} "
+      f"intermediates, {format_bytes(m['outputs'])} outputs); "
       f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)

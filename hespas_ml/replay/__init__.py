@@ -28,11 +28,11 @@ FAST_REPLAY_RANKS = 512      # from this many ranks the embedded replay goes by 
 
 __all__ = [
     "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BACKENDS", "BROADCAST", "COMM_COLL_NODE", "COMM_RECV_NODE",
-    "COMM_SEND_NODE", "COMP_NODE", "FAST_REPLAY_RANKS", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult", "ReplayError",
-    "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "decode_trace",
-    "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output", "read_trace",
-    "read_traces", "replay", "replay_astrasim", "replay_embedded", "replay_fast", "trace_prefix", "write_comm_groups",
-    "write_system", "write_trace", "write_traces",
+    "COMM_SEND_NODE", "COMP_NODE", "FAST_REPLAY_RANKS", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult",
+    "ReplayError", "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError",
+    "decode_trace", "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output",
+    "read_trace", "read_traces", "replay", "replay_astrasim", "replay_embedded", "replay_fast", "trace_prefix",
+    "write_comm_groups", "write_system", "write_trace", "write_traces",
 ]
 
 

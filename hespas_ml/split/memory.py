@@ -33,6 +33,12 @@ class Memory:
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "peak": self.peak}
 
+    def shortfall(self, capacity: float, device: str) -> str | None:
+        """What to say when the peak does not fit in ``capacity`` bytes of ``device``; None when it fits."""
+        if self.peak <= capacity:
+            return None
+        return f"{self.peak / 2**30:.2f} GiB per device at the peak, the {device} has {capacity / 2**30:.2f} GiB"
+
 
 def memory(rg: RegionGraph) -> Memory:
     """The per-device :class:`Memory` of ``rg`` at its peak."""

@@ -14,11 +14,10 @@ from .. import pipeline
 from ..costs import graph_cost
 from ..ingest.errors import HespasError
 from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
+from ..ingest.zoo.checks import format_mesh
+from ..ingest.zoo.specs import named_params
 from ..split.memory import memory
 from ..units import progress_bar
-
-AXES = ("dp", "fsdp", "tp")
-
 
 class LayoutError(HespasError):
     pass
@@ -53,10 +52,6 @@ def meshes(devices: int) -> list[dict[str, int]]:
     return out
 
 
-def mesh_text(mesh: dict[str, int]) -> str:
-    return ",".join(f"{a}:{mesh[a]}" for a in AXES if mesh[a] > 1) or "dp:1"
-
-
 def rank_layouts(program: str, devices: int, question: pipeline.Question, *, progress: bool = False) -> list[Layout]:
     """Every layout of the zoo ``program`` (a spec without devices, parallel or mesh) on ``devices``, timed
     on ``question``'s target, fidelity and system (its program is ignored), best first."""
@@ -66,8 +61,7 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
     if ZOO[family].param("mesh") is None:
         raise LayoutError(f"{program}: {family} takes no mesh (families that do: "
                           f"{', '.join(n for n, e in ZOO.items() if e.param('mesh') is not None)})")
-    named = {item.partition("=")[0].strip() for item in program.partition("?")[2].split("&")}
-    if named & {"devices", "parallel", "mesh"}:
+    if named_params(program) & {"devices", "parallel", "mesh"}:
         raise LayoutError(f"{program}: leave devices, parallel and mesh out: the layouts set them")
     if question.system is None or question.system.n_npus != devices:
         raise LayoutError(f"the system must have the {devices} devices the layouts span")
@@ -77,7 +71,7 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
     sep = "&" if "?" in program else "?"
     with progress_bar(len(candidates), "layouts", "layout", progress) as bar:
         for mesh in candidates:
-            text = mesh_text(mesh)
+            text = format_mesh(mesh)
             spec = f"{program}{sep}mesh={text}&devices={devices}"
             bar.set_postfix_str(text, refresh=False)
             out.append(_layout(spec, text, question, peak))
@@ -94,17 +88,18 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
         return Layout(text, spec, "invalid", str(exc).removeprefix(f"{spec}: "))
     try:
         regions = pipeline.split(pipeline.ingest(spec, q.system), q.split)
-        footprint = memory(regions).peak
-        if footprint > q.target.mem_capacity:
-            return Layout(text, spec, "too-big", f"{footprint / 2**30:.2f} GiB per device, the {q.target.name} "
-                          f"has {q.target.mem_capacity / 2**30:.2f} GiB", peak_memory_bytes=footprint)
+        footprint = memory(regions)
+        too_big = footprint.shortfall(q.target.mem_capacity, q.target.name)
+        if too_big:
+            return Layout(text, spec, "too-big", too_big, peak_memory_bytes=footprint.peak)
         times = pipeline.label(regions, q.fidelity, q.target)
         step = pipeline.replay(regions, times, q.system, q.replay, interval=False)
     except HespasError as exc:
         return Layout(text, spec, "invalid", str(exc))
     flops = graph_cost(regions.graph)["flops"]
     util = flops / (step.step_time_s * peak) if step.step_time_s > 0 and peak > 0 else math.nan
-    return Layout(text, spec, "ok", "; ".join(times.caveats), step.step_time_s, step.exposed_comm_s, footprint, util)
+    return Layout(text, spec, "ok", "; ".join(times.caveats), step.step_time_s, step.exposed_comm_s, footprint.peak,
+                  util)
 
 
-__all__ = ["AXES", "Layout", "LayoutError", "mesh_text", "meshes", "rank_layouts"]
+__all__ = ["Layout", "LayoutError", "meshes", "rank_layouts"]

@@ -121,8 +121,8 @@ def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
         workloads.append({"workload": name, "configs": int(len(g)),
                           "front": [_row(r) for _, r in front.iterrows()],
                           "best": [_row(r) for _, r in best.iterrows()]})
-    return {"configs": int(len(df)), "ok": int(len(ok)), "not_fitting": int(len(too_big)), "failed": int(len(failed)),
-            "x": xcol,
+    return {"configs": int(len(df)), "ok": int(len(ok)), "not_fitting": int(len(too_big)),
+            "failed": int(len(failed)), "x": xcol,
             "failures": [{"error": k, "configs": int(v)} for k, v in (errors.items() if len(failed) else [])],
             "workloads": workloads}
 

@@ -44,6 +44,12 @@ def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str
 
 
 MESH_AXES = ("dp", "fsdp", "tp")
+"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), ``dp`` outermost."""
+
+
+def format_mesh(mesh: dict[str, int]) -> str:
+    """``dp:2,tp:4`` of ``{"dp": 2, "fsdp": 1, "tp": 4}`` (the axes of size one left out; ``dp:1`` for none)."""
+    return ",".join(f"{a}:{mesh[a]}" for a in MESH_AXES if mesh.get(a, 1) > 1) or "dp:1"
 
 
 def parse_mesh(text: str) -> dict[str, int]:

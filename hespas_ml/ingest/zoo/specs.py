@@ -82,13 +82,17 @@ def parse_zoo_spec(spec: str) -> tuple[str, dict[str, ParamValue]]:
     return family, params
 
 
+def named_params(spec: str) -> set[str]:
+    """The parameters ``spec`` names itself (the others take their defaults)."""
+    query = spec.strip()[len(PREFIX):].partition("?")[2]
+    return {name for item in query.split("&") if (name := item.partition("=")[0].strip())}
+
+
 def with_default_devices(spec: str, devices: int) -> str:
     """``spec`` with ``devices=N`` added when the family takes a device count and the spec names none."""
     family, _, query = spec.strip()[len(PREFIX):].partition("?")
     entry = ZOO.get(family.strip())
-    if entry is None or entry.param("devices") is None:
-        return spec
-    if any(item.partition("=")[0].strip() == "devices" for item in query.split("&")):
+    if entry is None or entry.param("devices") is None or "devices" in named_params(spec):
         return spec
     return spec.strip() + ("&" if query.strip() else "?") + f"devices={devices}"
 

@@ -20,6 +20,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
+from .checks import MESH_AXES
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
                        make_mesh, psum_replicated, spec)
 
@@ -198,10 +199,6 @@ def _mesh_specs(tp_axes: Any, fsdp_axes: Any, shapes: Any) -> Any:
     return P(*dims)
 
 
-MESH_AXES = ("dp", "fsdp", "tp")
-"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), ``dp`` outermost."""
-
-
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
                      name: str) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"dp": D, "fsdp": F, "tp": T}``, any
@@ -285,5 +282,5 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     return export_jax(sharded, *args, name=name)
 
 
-__all__ = ["MESH_AXES", "LayeredModel", "apply_update", "export_mesh_step", "export_step", "forward_fn", "layouts",
-           "opt_shapes", "param_axes", "param_shapes"]
+__all__ = ["LayeredModel", "apply_update", "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes",
+           "param_axes", "param_shapes"]
