@@ -9,7 +9,11 @@ and, as the baseline measured in the same run, the full engine that simulates ev
 inference step, what ``auto`` chose before it counted every rank's nodes; for the training step only with
 ``--full``: it takes minutes). Step times must agree to the nanosecond; peak memory is the process's.
 
-    python eval/bench_replay_scale.py [--full] [--repeat 3]
+With ``--llama-ranks N`` (a multiple of 8) it also times a data-parallel Llama training step on N ranks
+(``switch:8x450,switch:<N/8>x50``): ``replay()``'s path (the fast replay from 512 ranks) against the embedded
+replay's symmetric engine, in the same run.
+
+    python eval/bench_replay_scale.py [--full] [--repeat 3] [--llama-ranks 4096]
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from hespas_ml.replay.traces import build_traces  # noqa: E402
 SYSTEM = (Path(__file__).resolve().parents[2] / "shared" / "hespas-configs" / "systems"
           / "A100_SXM_40GB_8GPU_32_4")
 PROGRAM = "zoo:resnet?depth=50&batch=32&step={step}&parallel=dp&devices=4"
+LLAMA = ("zoo:llama?layers=4&d_model=512&heads=8&vocab=4096&seq=256&batch={n}&step=train&parallel=dp&devices={n}"
+         "&scan=true&dtype=bf16")
 
 
 def rank_trace(step: str):
@@ -48,11 +54,31 @@ def timed(fn, repeat: int):
     return best, result
 
 
+def llama_figures(n: int) -> None:
+    from hespas_ml.replay import replay
+
+    q = pipeline.Question.resolve(LLAMA.format(n=n), "H100", f"switch:8x450,switch:{n // 8}x50")
+    regions = pipeline.split(pipeline.ingest(q.program, q.system), q.split)
+    traces = build_traces(regions, pipeline.label(regions, q.fidelity, q.target).seconds, n)
+    print(f"data-parallel Llama step on {n} ranks ({q.system.source}), {len(traces.traces[0])} nodes per rank")
+    results = []
+    for name, fn in (("replay()", lambda: replay(traces.traces, q.system, traces.comm_groups or None)),
+                     ("embedded, symmetric (baseline)", lambda: replay_embedded(traces.traces, q.system,
+                                                                                traces.comm_groups or None))):
+        seconds, res = timed(fn, 1)
+        results.append([(r.finish_ns, r.exposed_comm_ns) for r in res.ranks])
+        print(f"  {name:<31} {seconds:8.2f} s   engine {res.details.get('engine')}   step {res.step_time_s * 1e3:.6f} ms")
+    print(f"  every rank's finish and exposed time equal: {'yes' if results[0] == results[1] else 'NO'}\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="also time the full engine on the training step (minutes)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3; the full engine once)")
+    ap.add_argument("--llama-ranks", type=int, default=0, help="also a data-parallel Llama step on this many ranks")
     args = ap.parse_args()
+    if args.llama_ranks:
+        llama_figures(args.llama_ranks)
     system = load_system(SYSTEM)
     print(f"system {SYSTEM.name}: {system.n_npus} ranks")
     for step in ("train", "infer"):
