@@ -39,6 +39,7 @@ from hespas_ml.label.dataset_spec import DatasetSpec, load_spec  # noqa: E402
 def _split_one(source: str, split: str, caps: dict) -> dict:
     from hespas_ml.ingest.zoo import is_zoo_spec, parse_zoo_spec
     from hespas_ml.ingest.zoo.cache import _read_entry, cache_dir, cache_key
+    from hespas_ml import pipeline
     from hespas_ml.label.region_records import program_records
 
     cached = True
@@ -47,7 +48,7 @@ def _split_one(source: str, split: str, caps: dict) -> dict:
         cached = _read_entry(cache_dir(), cache_key(family, params)) is not None
     t0 = time.perf_counter()
     try:
-        res = program_records(source, split, caps, with_records=False)
+        res = program_records(pipeline.split(pipeline.ingest(source), split), caps, with_records=False)
     except Exception as exc:  # noqa: BLE001 - counted as a failed program
         return {"source": source, "error": str(exc)[:300], "seconds": time.perf_counter() - t0, "cached": cached}
     return {"source": source, "seconds": time.perf_counter() - t0, "cached": cached,
@@ -121,7 +122,7 @@ def _sample(spec: DatasetSpec, n: int) -> list:
 def rates(spec: DatasetSpec, sample: int, max_regions: int, workers: int) -> dict:
     """Build a sample of the spec in a temporary folder and time each fidelity."""
     from hespas_ml.ingest.zoo.cache import cache_dir as zoo_dir
-    from hespas_ml.label.dataset import load_dataset
+    from hespas_ml.label.dataset_tables import load_dataset
     from hespas_ml.host import cache_dir
 
     progs = _sample(spec, sample)

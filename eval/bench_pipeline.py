@@ -30,14 +30,13 @@ DEFAULT_PROGRAMS = [
 CHILD = r"""
 import json, resource, sys, time
 t_start = time.perf_counter()
-from hespas_ml import simulate
-from hespas_ml.ingest import load_program
+from hespas_ml import pipeline, simulate
 from hespas_ml.ingest.stablehlo import _mlir
 _mlir()                                    # jax's MLIR bindings: counted with the imports, not with ingest
 t_import = time.perf_counter()
 program, system = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-graph = load_program(program)
+graph = pipeline.ingest(program)
 t_ingest = time.perf_counter() - t0
 res = simulate(graph, target="H100", system=system, replay="embedded")
 wall = time.perf_counter() - t0
@@ -68,8 +67,8 @@ t = time.perf_counter(); be.compile_and_load(text, devs[:reps * parts], opts); p
 def program_file(program: str) -> tuple[Path, int]:
     """The .mlir file behind a program (zoo programs are exported once and cached) and its device count."""
     sys.path.insert(0, str(ROOT))
-    from hespas_ml.ingest import load_program
-    graph = load_program(program)
+    from hespas_ml import pipeline
+    graph = pipeline.ingest(program)
     if program.startswith("zoo:"):
         import tempfile
         from hespas_ml.ingest.zoo import zoo_program

@@ -29,7 +29,6 @@ from hespas_ml import pipeline  # noqa: E402
 from hespas_ml.replay import load_system  # noqa: E402
 from hespas_ml.replay.embedded import replay_embedded  # noqa: E402
 from hespas_ml.replay.fast import SystemContext, replay_fast  # noqa: E402
-from hespas_ml.replay.traces import build_traces  # noqa: E402
 
 SYSTEM = (Path(__file__).resolve().parents[2] / "shared" / "hespas-configs" / "systems"
           / "A100_SXM_40GB_8GPU_32_4")
@@ -42,7 +41,7 @@ def rank_trace(step: str):
     q = pipeline.Question.resolve(PROGRAM.format(step=step), "A100-40GB", "ring:4x100")
     regions = pipeline.split(pipeline.ingest(q.program, q.system), q.split)
     times = pipeline.label(regions, q.fidelity, q.target)
-    return build_traces(regions, times.seconds, regions.n_devices).traces[0]
+    return pipeline.trace(regions, times).point.traces[0]
 
 
 def timed(fn, repeat: int):
@@ -59,7 +58,7 @@ def llama_figures(n: int) -> None:
 
     q = pipeline.Question.resolve(LLAMA.format(n=n), "H100", f"switch:8x450,switch:{n // 8}x50")
     regions = pipeline.split(pipeline.ingest(q.program, q.system), q.split)
-    traces = build_traces(regions, pipeline.label(regions, q.fidelity, q.target).seconds, n)
+    traces = pipeline.trace(regions, pipeline.label(regions, q.fidelity, q.target)).point
     print(f"data-parallel Llama step on {n} ranks ({q.system.source}), {len(traces.traces[0])} nodes per rank")
     results = []
     for name, fn in (("replay()", lambda: replay(traces.traces, q.system, traces.comm_groups or None)),

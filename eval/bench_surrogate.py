@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -76,7 +75,7 @@ def load_times(models: Path, repeats: int) -> dict:
 
 def dataset_records(path: str | None, n: int) -> tuple[list[dict], str]:
     """``n`` distinct region records of a dataset (the smoke dataset built into a temporary folder if none)."""
-    from hespas_ml.label.dataset import build_dataset, load_dataset
+    from hespas_ml.use.dataset import build_dataset, load_dataset
 
     if path is None:
         tmp = Path(tempfile.mkdtemp(prefix="bench-surrogate-")) / "smoke"
@@ -113,14 +112,13 @@ def throughput(models: Path, records: list[dict], repeats: int) -> dict:
 def unique_regions(program: str, sample: int) -> list:
     """Up to ``sample`` structurally distinct compute regions of ``program`` (largest work first, so the
     comparison is not dominated by trivial kernels; then spread over the rest)."""
-    from hespas_ml.ingest import load_program
-    from hespas_ml.split.regions import split_program
+    from hespas_ml import pipeline
     from hespas_ml.split.signature import region_signature
 
-    graph = load_program(program)
+    graph = pipeline.ingest(program)
     users = graph.users()
     seen, regions = set(), []
-    for r in split_program(graph, "fusion").compute_regions():
+    for r in pipeline.split(graph, "fusion").compute_regions():
         sig = region_signature(r, users)
         if sig not in seen and r.flops + r.bytes > 0:
             seen.add(sig)

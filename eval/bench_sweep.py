@@ -95,10 +95,8 @@ class MemorySampler:
 def replay_figures(n_systems: int) -> None:
     """Embedded vs fast replay of one program of the large spec on a sample of its systems."""
     from hespas_ml import pipeline
-    from hespas_ml.ingest import load_program
     from hespas_ml.replay.embedded import replay_embedded
     from hespas_ml.replay.system import load_system
-    from hespas_ml.replay.traces import build_traces
     from hespas_ml.replay.fast import SystemContext, compile_plan, evaluate
     from hespas_ml.use.sweep_spec import load_sweep_spec
 
@@ -106,9 +104,9 @@ def replay_figures(n_systems: int) -> None:
     prog = next(p for p in spec.programs if p.params.get("layers") == 6 and p.params.get("d_model") == 768
                 and p.parallel == "fsdp" and p.devices == 8)
     tgt = spec.target_objects["H100"]
-    rg = pipeline.split(load_program(prog.source), spec.split)          # the source names its devices
+    rg = pipeline.split(pipeline.ingest(prog.source, prog.devices), spec.split)
     times = pipeline.label(rg, spec.fidelity_objects[spec.fidelities[0]], tgt)
-    traces = build_traces(rg, times.seconds, rg.n_devices)
+    traces = pipeline.trace(rg, times).point
     plan = compile_plan(traces.traces, traces.comm_groups)
     systems = random.Random(0).sample(spec.systems_for(prog), n_systems)
     cfgs = [load_system(s.name, local_mem_bw_gbps=tgt.mem_bw / 1e9) for s in systems]

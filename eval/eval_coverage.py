@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
-from hespas_ml.label.dataset import load_dataset  # noqa: E402
+from hespas_ml.label.dataset_tables import load_dataset  # noqa: E402
 from hespas_ml.learn.domain import reason_kind  # noqa: E402
 from hespas_ml.learn.fidelity import load_model  # noqa: E402
 from hespas_ml.learn.tables import label_rows  # noqa: E402

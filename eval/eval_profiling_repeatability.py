@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hespas_ml.label.dataset_labels import program_regions  # noqa: E402
+from hespas_ml.use.dataset_labels import program_regions  # noqa: E402
 from hespas_ml.label.dataset_spec import COMMON_FIDELITY_KEYS  # noqa: E402
 from hespas_ml.label.dataset_tables import load_dataset  # noqa: E402
 from hespas_ml.label.profiling import ProfilingFidelity  # noqa: E402

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hespas_ml.label.dataset import load_dataset  # noqa: E402
+from hespas_ml.label.dataset_tables import load_dataset  # noqa: E402
 from hespas_ml.learn.baselines import EstimateBaseline, GBMBaseline  # noqa: E402
 from hespas_ml.learn.config import LearnError, TrainConfig  # noqa: E402
 from hespas_ml.learn.evaluate import TARGETS, report, table  # noqa: E402

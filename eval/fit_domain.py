@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
-from hespas_ml.label.dataset import load_dataset  # noqa: E402
+from hespas_ml.label.dataset_tables import load_dataset  # noqa: E402
 from hespas_ml.learn.domain import Domain, learned_programs  # noqa: E402
 from hespas_ml.learn.surrogate import META, Surrogate  # noqa: E402
 

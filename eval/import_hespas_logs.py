@@ -472,7 +472,7 @@ def readme(summary: dict[str, Any], runs: list[dict[str, Any]], blocks: list, ha
         "Per-block runtimes that the Hespas authors measured with XLA on A100, H100, H200 and B200 GPUs for the",
         "LLaMA-3 100M 4-device training step, imported as `profiling` labels of the blocks' regions. The",
         f"program is `{summary['program']}`, the file their logs parse. Written by",
-        "`eval/import_hespas_logs.py`; read it with `hespas_ml.label.dataset.load_dataset`.",
+        "`eval/import_hespas_logs.py`; read it with `hespas_ml.label.dataset_tables.load_dataset`.",
         "",
         "## Source and licence",
         "",

@@ -583,7 +583,7 @@ def import_neusight(files: dict[str, str], out_dir: str | os.PathLike[str], work
     the git blob id of each file, for the provenance. Returns the summary written into the manifest."""
     import shutil
 
-    from hespas_ml.label.dataset import build_dataset
+    from hespas_ml.use.dataset import build_dataset
     from hespas_ml.label.dataset_cache import BuildCache
     from hespas_ml.label.dataset_spec import CAP_DEFAULTS, DatasetSpec, FidelitySpec, ProgramSpec, TargetRef
     from hespas_ml.label.dataset_tables import load_dataset

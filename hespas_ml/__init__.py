@@ -1,9 +1,10 @@
 """hespas-ml: learned-surrogate performance prediction for distributed ML workloads.
 
-StableHLO in, per-device Chakra traces and a network-level step time out. The stages are sub-packages:
+StableHLO in, per-device Chakra traces and a network-level step time out. The layers are sub-packages:
 ``ingest`` (programs -> op graphs), ``split`` (compute regions and collectives), ``label`` (hardware
-targets and fidelities), ``learn`` (surrogates), ``replay`` (Chakra traces and ASTRA-sim replay) and
-``use`` (sweeps and studies); ``cli`` is the command line.
+targets and fidelities), ``replay`` (Chakra traces and ASTRA-sim replay), ``learn`` (surrogates);
+``pipeline`` runs them as stages (ingest, split, label, trace, replay) for one question, ``use`` runs the
+stages over many (sweeps, studies, layout search, dataset builds) and ``cli`` is the command line.
 """
 from __future__ import annotations
 

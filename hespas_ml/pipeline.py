@@ -3,12 +3,13 @@
 A :class:`Question` is resolved once, where a command or an API call enters: its target, fidelity and
 system are objects from then on, and no stage looks a name up again. The stages can be called one by one:
 
->>> from hespas_ml.pipeline import Question, ingest, split, label, replay
+>>> from hespas_ml.pipeline import Question, ingest, split, label, trace, replay
 >>> q = Question.resolve("zoo:mlp?devices=4", target="A100-40GB", system="ring:4x150")
 >>> graph = ingest(q.program, q.system)             # program -> op graph
 >>> regions = split(graph, q.split)                 # op graph -> compute regions and collectives
 >>> times = label(regions, q.fidelity, q.target)    # seconds of every compute region (and intervals)
->>> step = replay(regions, times, q.system, q.replay)
+>>> traces = trace(regions, times)                  # every device's Chakra trace
+>>> step = replay(traces, q.system, q.replay)       # ASTRA-sim or the embedded replay
 >>> step.step_time_s
 
 ``simulate(...)`` is ``run(Question.resolve(...))``; sweeps and studies call the same stages and keep
@@ -31,7 +32,7 @@ from .ingest.errors import HespasError
 from .ingest.graph import OpGraph
 from .label.fidelity import Fidelity, Label, label_caveats, label_in_chunks
 from .label.targets import Target, load_target
-from .replay import BACKENDS, ReplayError
+from .replay import BACKENDS, ReplayError, ReplayResult
 from .replay import replay as replay_traces
 from .replay.chakra import write_traces
 from .replay.system import SystemConfig, load_system, write_comm_groups, write_system
@@ -91,21 +92,20 @@ class Question:
 
 # ------------------------------------------------------------------------------------------ the stages
 
-def ingest(program: str | Path | OpGraph, system: SystemConfig | None = None) -> OpGraph:
-    """The op graph of ``program`` for ``system`` (None: one device). A zoo spec is generated for the
-    system's device count; a program whose device count differs from the system's is refused."""
-    if isinstance(program, OpGraph):
-        graph = program
-    else:
-        graph = load_program(program, devices=system.n_npus if system else None)
-    n = graph.n_devices
-    if system is None and n > 1:
-        raise SimulationError(f"{graph.source or graph.name}: runs on {n} devices; give a system of {n} "
+def ingest(program: str | Path | OpGraph, system: SystemConfig | int | None = None) -> OpGraph:
+    """The op graph of ``program``; for ``system`` when one is given (a :class:`SystemConfig`, or only its
+    device count): a zoo spec that names no device count is generated for it, and a program that runs on
+    another number of devices is refused. Without ``system`` the program runs on the devices it names."""
+    devices = system.n_npus if isinstance(system, SystemConfig) else system
+    graph = program if isinstance(program, OpGraph) else load_program(program, devices=devices)
+    n, name = graph.n_devices, graph.source or graph.name
+    if devices is None or n == devices:
+        return graph
+    if devices == 1:
+        raise SimulationError(f"{name}: runs on {n} devices; give a system of {n} "
                               f"(an ASTRA-sim folder or a spec such as ring:{n}x100)")
-    if system is not None and system.n_npus != n:
-        raise SimulationError(f"{graph.source or graph.name}: runs on {n} device(s) but system "
-                              f"{system.source} has {system.n_npus} NPUs")
-    return graph
+    where = f"system {system.source} has {devices} NPUs" if isinstance(system, SystemConfig) else f"{devices} expected"
+    raise SimulationError(f"{name}: runs on {n} device(s) but {where}")
 
 
 def split(graph: OpGraph, how: str = "fusion") -> RegionGraph:
@@ -146,18 +146,23 @@ class RegionTimes:
 
 
 def label(regions: RegionGraph, fidelity: Fidelity, target: Target, *, progress: bool = False,
-          region_signatures: list[str] | None = None) -> RegionTimes:
+          region_signatures: list[str] | None = None, known: dict[str, Label] | None = None) -> RegionTimes:
     """Time every distinct compute region of ``regions`` once with ``fidelity`` on ``target``.
     ``progress``: a bar with an ETA on stderr while a slow labeller (SCALE-Sim, profiling) works.
-    ``region_signatures``: those of ``regions.compute_regions()``, when the caller has them."""
+    ``region_signatures``: those of ``regions.compute_regions()``, when the caller has them.
+    ``known``: labels by signature that ``fidelity`` gave on ``target`` already (e.g. for other programs),
+    used instead of labelling those regions again; the new labels are added to it."""
     compute = regions.compute_regions()
     sigs = region_signatures if region_signatures is not None else signatures(compute)
+    known = {} if known is None else known
     first: dict[str, Any] = {}
     for r, s in zip(compute, sigs):
-        first.setdefault(s, r)
+        if s not in known:
+            first.setdefault(s, r)
     labels = label_in_chunks(fidelity, list(first.values()), target, desc=f"{fidelity.name} labels",
-                             progress=progress and fidelity.name in SLOW)
-    times = RegionTimes(fidelity.name, sigs, dict(zip(first, labels)), [0.0] * len(regions.regions))
+                             progress=progress and fidelity.name in SLOW) if first else []
+    known.update(zip(first, labels))
+    times = RegionTimes(fidelity.name, sigs, {s: known[s] for s in sigs}, [0.0] * len(regions.regions))
     bounds = [[0.0] * len(regions.regions), [0.0] * len(regions.regions)]
     with_interval = False
     for r, s in zip(compute, sigs):
@@ -177,6 +182,32 @@ def label(regions: RegionGraph, fidelity: Fidelity, target: Target, *, progress:
 
 
 @dataclass
+class StepTraces:
+    """The Chakra traces of a labelled program: one :class:`TraceSet` at its regions' times, and one at
+    each end of their intervals when the labels have them. Each keeps the fast replay's compiled plan, so
+    replaying them on many systems compiles it once."""
+
+    point: TraceSet
+    lower: TraceSet | None = None
+    upper: TraceSet | None = None
+
+    @property
+    def sets(self) -> list[TraceSet]:
+        return [self.point] + ([self.lower, self.upper] if self.lower is not None else [])
+
+
+def trace(regions: RegionGraph, times: RegionTimes | list[float], *, interval: bool = True) -> StepTraces:
+    """Every device's Chakra trace of ``regions`` with ``times`` (region seconds by id); ``interval``: also
+    at the lower and upper ends of the labels' intervals, when ``times`` has them."""
+    seconds = times.seconds if isinstance(times, RegionTimes) else list(times)
+    n = regions.n_devices
+    out = StepTraces(build_traces(regions, seconds, n))
+    if interval and isinstance(times, RegionTimes) and times.lower is not None:
+        out.lower, out.upper = build_traces(regions, times.lower, n), build_traces(regions, times.upper, n)
+    return out
+
+
+@dataclass
 class Step:
     """One replayed step: its time, split into compute and exposed communication, per rank."""
 
@@ -184,38 +215,43 @@ class Step:
     compute_time_s: float
     exposed_comm_s: float
     backend: str
-    ranks: list[dict[str, float]]
-    traces: TraceSet
+    engine: str                          # how it was replayed: none | fast | symmetric | full | astra-sim
+    traces: StepTraces
+    result: ReplayResult | None = None   # every rank's outcome (None for one device)
     interval_s: tuple[float, float] | None = None
     node_ticks: dict[int, dict[int, tuple[int, int]]] | None = None   # by rank, node id: (issue, finish) ns
 
+    @property
+    def ranks(self) -> list[dict[str, float]]:
+        if self.result is None:
+            return [{"rank": 0, "finish_s": self.step_time_s, "exposed_comm_s": 0.0}]
+        return [{"rank": r.rank, "finish_s": r.finish_ns * 1e-9, "exposed_comm_s": r.exposed_comm_ns * 1e-9}
+                for r in self.result.ranks]
 
-def replay(regions: RegionGraph, times: RegionTimes | list[float], system: SystemConfig | None,
-           backend: str = "auto", *, binary: str | None = None, workdir: str | Path | None = None,
-           interval: bool = True, traces: TraceSet | None = None, record_nodes: bool = False) -> Step:
-    """The step time of ``regions`` with ``times`` (region seconds by id) on ``system``: Chakra traces
-    replayed by ASTRA-sim or the embedded replay; with one device (``system`` None or of one NPU), the
-    compute time itself. ``interval``: replay the lower and upper times too, when ``times`` has them.
-    ``traces``: the traces of ``times``, when the caller built them already. ``record_nodes``: keep each
-    node's issue and finish ns in ``node_ticks`` (the embedded replay only)."""
-    seconds = times.seconds if isinstance(times, RegionTimes) else list(times)
-    if traces is None:
-        traces = build_traces(regions, seconds, regions.n_devices)
-    if system is None or system.n_npus == 1:
-        step = Step(traces.compute_time_s, traces.compute_time_s, 0.0, "none (single device)",
-                    [{"rank": 0, "finish_s": traces.compute_time_s, "exposed_comm_s": 0.0}], traces)
-    else:
-        res = replay_traces(traces.traces, system, traces.comm_groups or None, backend=backend, binary=binary,
-                            workdir=workdir, record_nodes=record_nodes)
-        # ASTRA-sim's split: finish = compute on the last rank + exposed communication
-        step = Step(res.step_time_s, res.step_time_s - res.exposed_comm_s, res.exposed_comm_s, res.backend,
-                    [{"rank": r.rank, "finish_s": r.finish_ns * 1e-9, "exposed_comm_s": r.exposed_comm_ns * 1e-9}
-                     for r in res.ranks], traces, node_ticks=res.details.get("nodes"))
-    if interval and isinstance(times, RegionTimes) and times.lower is not None:
-        ends = [replay(regions, bound, system, backend, binary=binary, interval=False).step_time_s
-                for bound in (times.lower, times.upper)]
-        step.interval_s = (min(ends[0], step.step_time_s), max(ends[1], step.step_time_s))
+
+def replay(traces: StepTraces, system: SystemConfig | None, backend: str = "auto", *, binary: str | None = None,
+           workdir: str | Path | None = None, record_nodes: bool = False) -> Step:
+    """The step time of ``traces`` on ``system``, replayed by ASTRA-sim or the embedded replay; with one
+    device (``system`` None or of one NPU), the compute time itself. When ``traces`` has interval ends they
+    are replayed too, and ``interval_s`` spans the three step times. ``record_nodes``: keep each node's issue and finish ns in ``node_ticks`` (the
+    embedded replay only)."""
+    step = _replay_one(traces.point, system, backend, binary, workdir, record_nodes)
+    step.traces = traces
+    ends = [step.step_time_s] + [_replay_one(ts, system, backend, binary, None, False).step_time_s
+                                 for ts in traces.sets[1:]]
+    if len(ends) > 1:
+        step.interval_s = (min(ends), max(ends))        # list scheduling need not be monotone in the times
     return step
+
+
+def _replay_one(ts: TraceSet, system: SystemConfig | None, backend: str, binary, workdir, record_nodes) -> Step:
+    if system is None or system.n_npus == 1:          # no replay: the exact sum of the regions' times
+        return Step(ts.compute_time_s, ts.compute_time_s, 0.0, "none (single device)", "none", None)
+    res = replay_traces(ts, system, backend=backend, binary=binary, workdir=workdir, record_nodes=record_nodes)
+    # ASTRA-sim's split: finish = compute on the last rank + exposed communication
+    engine = "astra-sim" if res.backend == "astra-sim" else str(res.details.get("engine", res.backend))
+    return Step(res.step_time_s, res.step_time_s - res.exposed_comm_s, res.exposed_comm_s, res.backend, engine,
+                None, res, node_ticks=res.details.get("nodes"))
 
 
 # ------------------------------------------------------------------------------------------ simulate
@@ -323,7 +359,7 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         raise SimulationError("the question names no program to simulate")
     timings: dict[str, float] = {}
     t0 = t = time.perf_counter()
-    graph = ingest(q.program, q.system)
+    graph = ingest(q.program, q.system or 1)
     timings["ingest"] = time.perf_counter() - t
     t = time.perf_counter()
     rg = split(graph, q.split)
@@ -337,20 +373,20 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     rows = _region_rows(rg, times)
     out_dir = Path(out) if out is not None else None
     t = time.perf_counter()
-    traces = build_traces(rg, times.seconds, graph.n_devices)
+    traces = trace(rg, times)
     if out_dir is not None:                 # before the replay, so that a failing replay leaves its inputs
-        _write_outputs(out_dir, graph.name, traces, q.system, rows)
-    step = replay(rg, times, q.system, q.replay, binary=q.astra_sim_bin, traces=traces,
+        _write_outputs(out_dir, graph.name, traces.point, q.system, rows)
+    step = replay(traces, q.system, q.replay, binary=q.astra_sim_bin,
                   workdir=(out_dir / "astra-sim") if out_dir and q.system else None, record_nodes=out_dir is not None)
     timings["replay"] = time.perf_counter() - t
     if out_dir is not None:
-        spans = step_spans(traces.traces, q.system, traces.comm_groups or None, step.node_ticks)
+        spans = step_spans(traces.point.traces, q.system, traces.point.comm_groups or None, step.node_ticks)
         write_timeline(out_dir / "timeline.png", spans,
                        f"{graph.name} on {q.system.source if q.system else 'one device'}, {q.target.name}, "
                        f"{q.fidelity.name} ({q.split} split): step {step.step_time_s * 1e3:.3f} ms")
     timings["total"] = time.perf_counter() - t0
     totals = graph_cost(graph)
-    n_comp, n_comm = step.traces.node_counts(0)
+    n_comp, n_comm = traces.point.node_counts(0)
     footprint = memory(rg)
     too_big = footprint.shortfall(q.target.mem_capacity, q.target.name)
     if too_big:
@@ -409,5 +445,5 @@ def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionR
     return prefix
 
 
-__all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "ingest", "label",
-           "replay", "run", "simulate", "split"]
+__all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "StepTraces", "ingest",
+           "label", "replay", "run", "simulate", "split", "trace"]

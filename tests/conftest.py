@@ -80,7 +80,7 @@ def smoke_ds(tmp_path_factory):
     """The smoke dataset (datasets/smoke.yaml), built once per session into a temporary folder by the
     README's command (real programs, real fidelities)."""
     from hespas_ml.cli.main import main
-    from hespas_ml.label.dataset import load_dataset
+    from hespas_ml.label.dataset_tables import load_dataset
 
     out = tmp_path_factory.mktemp("smoke-dataset") / "ds"
     with in_project():

@@ -9,7 +9,8 @@ import pytest
 from hespas_ml.fidelities import get_fidelity
 from hespas_ml.ingest.errors import HespasError
 from hespas_ml.label.targets import load_target
-from hespas_ml.pipeline import Question, RegionTimes, SimulationError, ingest, label, replay, run, simulate, split
+from hespas_ml.pipeline import (Question, RegionTimes, SimulationError, ingest, label, replay, run, simulate, split,
+                                trace)
 from hespas_ml.replay import ReplayError, find_binary, load_system
 from hespas_ml.replay.chakra import read_traces
 
@@ -41,11 +42,11 @@ def test_the_stages_one_by_one_give_simulates_answer():
     assert graph.n_devices == 4
     regions = split(graph, q.split)
     times = label(regions, q.fidelity, q.target)
-    step = replay(regions, times, q.system, q.replay)
+    step = replay(trace(regions, times), q.system, q.replay)
     whole = simulate(MLP_DP, target="A100-40GB", system="ring:4x150")
     assert (step.step_time_s, step.exposed_comm_s, step.compute_time_s) == \
            (whole.step_time_s, whole.exposed_comm_s, whole.compute_time_s)
-    assert step.exposed_comm_s > 0 and step.traces.node_counts(0) == (whole.n_comp_nodes, whole.n_comm_nodes)
+    assert step.exposed_comm_s > 0 and step.traces.point.node_counts(0) == (whole.n_comp_nodes, whole.n_comm_nodes)
     assert run(q).step_time_s == whole.step_time_s
 
 
@@ -76,10 +77,16 @@ def test_a_bad_choice_is_refused_before_the_program_is_read(kwargs, expected):
 
 def test_ingest_refuses_a_program_its_system_cannot_run():
     with pytest.raises(SimulationError, match="runs on 4 devices; give a system of 4"):
-        ingest(f"{MLP_DP}&devices=4")
+        ingest(f"{MLP_DP}&devices=4", 1)
+    with pytest.raises(SimulationError, match="runs on 4 devices; give a system of 4"):
+        simulate(f"{MLP_DP}&devices=4")
+    assert ingest(f"{MLP_DP}&devices=4").n_devices == 4                  # without a system: as it says
     with pytest.raises(SimulationError, match="but system ring:2x100 has 2 NPUs"):
         ingest(shared_path("mlir", "maxtext", "llama3-100m-4dev.mlir"), load_system("ring:2x100"))
     assert ingest(MLP_DP, load_system("ring:2x100")).n_devices == 2       # a zoo spec follows its system
+    assert ingest(MLP_DP, 8).n_devices == 8                                # or the device count it is given
+    with pytest.raises(SimulationError, match="runs on 4 device.s. but 2 expected"):
+        ingest(shared_path("mlir", "maxtext", "llama3-100m-4dev.mlir"), 2)
 
 
 def test_label_times_each_distinct_region_once_and_shares_it_with_its_repeats():
@@ -110,12 +117,12 @@ def test_intervals_are_replayed_when_the_labels_carry_them():
     regions = split(ingest(q.program, q.system))
     times = label(regions, q.fidelity, q.target)
     assert isinstance(times, RegionTimes) and times.lower is not None
-    step = replay(regions, times, q.system, q.replay)
+    step = replay(trace(regions, times), q.system, q.replay)
     lo, hi = step.interval_s
     assert lo < step.step_time_s < hi
     assert (lo, hi) == pytest.approx((sum(times.lower[r.id] * r.count for r in regions.compute_regions()),
                                       sum(times.upper[r.id] * r.count for r in regions.compute_regions())))
-    assert replay(regions, times, q.system, q.replay, interval=False).interval_s is None
+    assert replay(trace(regions, times, interval=False), q.system, q.replay).interval_s is None
     many = simulate("zoo:mlp?layers=4&width=2048&batch=512&step=train&parallel=dp", "H100", "ring:4x150",
                     fidelity="surrogate:roofline", fidelity_options={"fallback": "off"})
     lo, hi = many.step_time_interval_s             # whole microseconds per trace node: may be one point

@@ -3,7 +3,7 @@
     python eval/device/collect.py --plan .device/plan RESULTS [RESULTS …] --out datasets/measured/h100-2026-11-26
 
 RESULTS are results folders of eval/device/measure.py (later ones win where a region was timed twice).
-The output folder is a dataset folder (hespas_ml.label.dataset.load_dataset reads it) plus steps.csv,
+The output folder is a dataset folder (hespas_ml.label.dataset_tables.load_dataset reads it) plus steps.csv,
 provenance.json and README.md; it is replaced as a whole.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
-from hespas_ml.label.device_plan import PHASES  # noqa: E402
+from hespas_ml.label.device_run import PHASES  # noqa: E402
 from hespas_ml.label.device_run import run_plan  # noqa: E402
 
 

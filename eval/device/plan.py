@@ -4,7 +4,7 @@
 
 Exports, ingests and splits the plan spec's programs (the training corpus, the step programs and the
 held-out programs) through the dataset builder in --work, chooses the regions to time and writes --out
-(see hespas_ml/label/device_plan.py). Carry --out to the device and run eval/device/measure.py there.
+(see hespas_ml/use/device_plan.py). Carry --out to the device and run eval/device/measure.py there.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
-from hespas_ml.label.device_plan import build_plan  # noqa: E402
+from hespas_ml.use.device_plan import build_plan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hespas_ml.label.device_plan import read_jsonl_gz  # noqa: E402
+from hespas_ml.label.device_run import read_jsonl_gz  # noqa: E402
 from hespas_ml.label.device_run import read_lines  # noqa: E402
 
 

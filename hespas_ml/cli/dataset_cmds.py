@@ -39,7 +39,7 @@ def register(sub) -> None:
 
 
 def cmd_snapshot(args) -> int:
-    from ..label.dataset import snapshot_dataset
+    from ..use.dataset import snapshot_dataset
 
     summary = snapshot_dataset(args.spec, args.build, args.out, progress=not args.no_progress)
     c = summary["counts"]
@@ -50,7 +50,7 @@ def cmd_snapshot(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from ..label.dataset import build_dataset
+    from ..use.dataset import build_dataset
     from ..label.dataset_spec import load_spec
 
     if args.dry_run:
@@ -85,7 +85,7 @@ def cmd_build(args) -> int:
 
 def dataset_info(path) -> dict:
     """Counts of a built dataset: programs, regions per family, labels per fidelity/target/status."""
-    from ..label.dataset import load_dataset
+    from ..label.dataset_tables import load_dataset
 
     ds = load_dataset(path)
     regions, labels, programs = ds.regions, ds.labels, ds.programs

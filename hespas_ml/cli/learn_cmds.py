@@ -112,7 +112,7 @@ def _fmt_report(name: str, rep: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_train(args) -> int:
-    from ..label.dataset import load_dataset
+    from ..label.dataset_tables import load_dataset
     from ..learn.config import TrainConfig
     from ..learn.evaluate import table
     from ..learn.runs import train_and_register
@@ -165,7 +165,7 @@ def cmd_train(args) -> int:
 
 def cmd_predict(args) -> int:
     from .. import pipeline
-    from ..ingest import check_program, load_program
+    from ..ingest import check_program
     from ..label.targets import load_target
     from ..learn.config import LearnError
     from ..learn.fidelity import SurrogateFidelity
@@ -179,7 +179,7 @@ def cmd_predict(args) -> int:
     if args.fidelity is not None and fid.fidelity != args.fidelity:
         raise LearnError(f"{args.model}: a surrogate of {fid.fidelity}, not of --fidelity {args.fidelity}")
     t_load = time.perf_counter() - t0
-    graph = load_program(args.program, devices=args.devices)
+    graph = pipeline.ingest(args.program, args.devices)
     rg = pipeline.split(graph, args.split)
     compute = rg.compute_regions()
     t = time.perf_counter()

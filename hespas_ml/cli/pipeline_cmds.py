@@ -120,13 +120,12 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from ..ingest import load_program
+    from .. import pipeline
     from ..costs import graph_cost
-    from ..split.regions import split_program
 
-    graph = load_program(args.program)
+    graph = pipeline.ingest(args.program)
     totals = graph_cost(graph)
-    rg = split_program(graph, "fusion")
+    rg = pipeline.split(graph, "fusion")
     fused_bytes = sum(r.bytes * r.count for r in rg.compute_regions())
     collectives: dict[str, dict[str, float]] = {}
     for r in rg.collectives():

@@ -269,7 +269,7 @@ def _read_table(path: Path, required: tuple[str, ...], columns: list[str] | None
 
 
 def load_dataset(path: str | os.PathLike[str]) -> Dataset:
-    """Read a dataset folder written by :func:`~hespas_ml.label.dataset.build_dataset`."""
+    """Read a dataset folder written by :func:`~hespas_ml.use.dataset.build_dataset`."""
     folder = Path(path)
     if not folder.is_dir():
         raise DatasetError(f"{folder}: no such dataset folder")

@@ -1,4 +1,4 @@
-"""Timing a measurement plan (:mod:`hespas_ml.label.device_plan`) on the device this process runs on.
+"""Timing a measurement plan (:mod:`hespas_ml.use.device_plan`) on the device this process runs on.
 
 :func:`run_plan` times the plan's regions with the profiling fidelity (compiled ahead in batches on a GPU)
 and its whole programs with the same machinery (:meth:`ProfilingFidelity.time_module`: compile the whole
@@ -23,6 +23,7 @@ left, in order. A run that finds a device other than the plan's target refuses a
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -33,16 +34,22 @@ from typing import Any, Callable, TextIO
 
 from ..host import package_version
 from ..ingest.errors import HespasError
-from .device_plan import PHASES, read_jsonl_gz
 from .fidelity import FidelityError
 from .profiling import GPU_BACKENDS, ProfilingFidelity
 from .targets import load_target
 
 FILES = ("labels.jsonl", "steps.jsonl", "runs.jsonl", "log.txt")
+PHASES = ("regions", "steps", "held_out")       # what a plan measures, in the order it measures them
 
 
 class RunError(HespasError):
     pass
+
+
+def read_jsonl_gz(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON lines of a plan's gzipped file."""
+    with gzip.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

@@ -1,8 +1,8 @@
 """Measured datasets: labels timed on a real device, kept with their provenance (``datasets/measured/``).
 
-:func:`import_run` turns a measurement plan (:mod:`hespas_ml.label.device_plan`) and the results folders of
+:func:`import_run` turns a measurement plan (:mod:`hespas_ml.use.device_plan`) and the results folders of
 its runs (:mod:`hespas_ml.label.device_run`) into a folder that is a dataset folder
-(:func:`~hespas_ml.label.dataset.load_dataset` reads it; the surrogates train on it like any other) plus:
+(:func:`~hespas_ml.label.dataset_tables.load_dataset` reads it; the surrogates train on it like any other) plus:
 
 * ``steps.csv`` — one row per whole program timed: its step time (median, minimum, IQR, samples, compile
   time), the sum of its measured region labels (executions counted; ``regions_covered``: the share of its
@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..ingest.errors import HespasError
-from .device_plan import read_jsonl_gz
-from .device_run import read_lines
+from .device_run import read_jsonl_gz, read_lines
 from .dataset_tables import LABEL_COLUMNS, load_dataset, write_manifest
 from .measured_fidelity import in_program
 
@@ -167,7 +166,7 @@ def write_measured(out_dir: str | os.PathLike[str], tables_dir: str | os.PathLik
     the region tables of the dataset folder ``tables_dir`` (regions, graphs, programs, targets), its labels
     with ``label_rows`` (dataset label columns) added, its manifest with ``summary`` as ``measured``, and
     ``files`` (name -> text: provenance, README, step times …). The result is checked to read back with
-    :func:`~hespas_ml.label.dataset.load_dataset`."""
+    :func:`~hespas_ml.label.dataset_tables.load_dataset`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

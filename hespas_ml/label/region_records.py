@@ -1,7 +1,7 @@
 """Region records: a compute region as plain JSON — for the GNN, for the dataset tables, and for labelling.
 
-:func:`program_records` (run in worker processes by the dataset builder) ingests and splits one program
-and returns, per distinct :func:`~hespas_ml.split.signature.region_signature`, how often it occurs and
+:func:`program_records` (run in worker processes by the dataset builder on each split program) returns,
+per distinct :func:`~hespas_ml.split.signature.region_signature`, how often it occurs and
 its *record*. A record is self-contained; its schema (``RECORD_VERSION``)::
 
     {"version": 2, "hash": "<sha256>", "n_nodes": N,
@@ -23,11 +23,10 @@ inputs) that every fidelity can label.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from ..ingest.graph import Op, OpGraph, TensorType, program_users
-from ..split.regions import Kernel, Region
+from ..split.regions import Kernel, Region, RegionGraph
 from ..split.signature import canonical_order, escaping_ops, signature_parts
 from ..costs import program_costs
 
@@ -155,22 +154,15 @@ def is_empty(region: Region) -> bool:
     return all(k.flops == 0 and k.transcendentals == 0 and k.bytes == 0 for k in region.kernels)
 
 
-def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | None = None,
-                    with_records: bool = True) -> dict[str, Any]:
-    """Ingest and split one program; its compute regions grouped by signature.
+def program_records(rg: RegionGraph, caps: dict[str, Any] | None = None, with_records: bool = True) -> dict[str, Any]:
+    """The compute regions of a split program, grouped by signature.
 
     Returns ``{"n_ops", "n_regions" (compute regions seen), "n_collectives", "n_skipped" (empty or over a
-    cap), "truncated", "warnings", "seconds", "regions": {hash: {"occurrences", "executions", "record"}}}``
-    (``record`` only ``with_records``). Raises :class:`~hespas_ml.ingest.errors.HespasError` when the
-    program cannot be read.
+    cap), "truncated", "warnings", "regions": {hash: {"occurrences", "executions", "record"}}}``
+    (``record`` only ``with_records``).
     """
-    from ..ingest import load_program
-    from ..split.regions import split_program
-
     caps = caps or {}
-    t0 = time.perf_counter()
-    graph = load_program(source)
-    rg = split_program(graph, split)
+    graph = rg.graph
     users = program_users(graph)
     compute = rg.compute_regions()
     limit = caps.get("max_regions_per_program")
@@ -195,4 +187,4 @@ def program_records(source: str, split: str = "fusion", caps: dict[str, Any] | N
         entry["executions"] += region.count
     return {"n_ops": len(graph.ops), "n_regions": len(compute), "n_collectives": len(rg.collectives()),
             "n_skipped": skipped, "truncated": truncated, "warnings": list(dict.fromkeys(graph.warnings))[:20],
-            "seconds": time.perf_counter() - t0, "regions": out}
+            "regions": out}

@@ -17,39 +17,40 @@ from hespas_ml.replay.chakra import (
     write_trace, write_traces,
 )
 from hespas_ml.replay.embedded import RankResult, ReplayResult, replay_embedded
-from hespas_ml.replay.fast import replay_fast
+from hespas_ml.replay.fast import replay_fast, system_context
 from hespas_ml.replay.errors import ReplayError, ReplayStageError, SystemConfigError, TraceError
 from hespas_ml.replay.system import (
     NetworkDim, SystemConfig, load_comm_groups, load_system, write_comm_groups, write_system,
 )
+from hespas_ml.replay.traces import TraceSet
 
 BACKENDS = ("auto", "embedded", "astra-sim")
-FAST_REPLAY_RANKS = 512      # from this many ranks the embedded replay goes by the fast path where it applies
 
 __all__ = [
     "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BACKENDS", "BROADCAST", "COMM_COLL_NODE", "COMM_RECV_NODE",
-    "COMM_SEND_NODE", "COMP_NODE", "FAST_REPLAY_RANKS", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult",
-    "ReplayError", "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError",
+    "COMM_SEND_NODE", "COMP_NODE", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult",
+    "ReplayError", "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "TraceSet",
     "decode_trace", "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output",
     "read_trace", "read_traces", "replay", "replay_astrasim", "replay_embedded", "replay_fast", "trace_prefix",
     "write_comm_groups", "write_system", "write_trace", "write_traces",
 ]
 
 
-def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
+def replay(traces_or_prefix: TraceSet | Sequence[Sequence[EtNode]] | str | Path,
            system: SystemConfig | str | Path,
            comm_groups: dict[int, list[int]] | str | Path | None = None,
            backend: str = "auto", binary: str | Path | None = None,
            workdir: str | Path | None = None, record_nodes: bool = False) -> ReplayResult:
     """Replay a workload on a system and return per-rank finish times.
 
-    traces_or_prefix: per-rank EtNode lists, an ET path prefix (`<prefix>.<r>.et`), or a folder holding
-        one set of traces (`simulate --out`'s `et/`).
+    traces_or_prefix: a :class:`TraceSet` (its comm groups unless ``comm_groups`` are given, and its
+        compiled plan for the fast path), per-rank EtNode lists, an ET path prefix (`<prefix>.<r>.et`), or a
+        folder holding one set of traces (`simulate --out`'s `et/`).
     system: a SystemConfig, an ASTRA-sim folder or a short spec (see `load_system`).
     comm_groups: {group id: ranks} or a comm_group.json path.
     backend: "auto" (the real congestion-unaware binary when `find_binary` finds one, else embedded),
-        "embedded" or "astra-sim". From FAST_REPLAY_RANKS ranks the embedded replay takes its fast path
-        (:func:`replay_fast`: the same result, collective phases timed from fitted lines).
+        "embedded" or "astra-sim". The embedded replay takes its fast path where it applies
+        (:func:`replay_fast`: the same result, collective phases timed from fitted lines, memoised per system).
     binary: explicit ASTRA-sim binary; workdir: where the binary's input files and logs go (a
         temporary folder, removed afterwards, when None).
     record_nodes: the embedded replay also gives each node's issue and finish ns
@@ -58,6 +59,10 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
     if backend not in BACKENDS:
         raise ReplayError(f"unknown replay backend {backend!r} (choose from {', '.join(BACKENDS)})")
     cfg = system if isinstance(system, SystemConfig) else load_system(system)
+    trace_set = traces_or_prefix if isinstance(traces_or_prefix, TraceSet) else None
+    if trace_set is not None:
+        traces_or_prefix = trace_set.traces
+        comm_groups = comm_groups if comm_groups is not None else (trace_set.comm_groups or None)
     if isinstance(traces_or_prefix, (str, Path)):
         traces_or_prefix = trace_prefix(traces_or_prefix)
     groups_file: Path | None = None
@@ -76,9 +81,10 @@ def replay(traces_or_prefix: Sequence[Sequence[EtNode]] | str | Path,
             traces = read_traces(traces_or_prefix, cfg.n_npus)
         else:
             traces = list(traces_or_prefix)
-        if cfg.n_npus >= FAST_REPLAY_RANKS and not record_nodes:
-            return replay_fast(traces, cfg, groups)      # the embedded replay's result, to the nanosecond
-        return replay_embedded(traces, cfg, groups, record_nodes=record_nodes)
+        if record_nodes:
+            return replay_embedded(traces, cfg, groups, record_nodes=True)
+        plan = trace_set.replay_plan() if trace_set is not None else None
+        return replay_fast(traces, system_context(cfg), groups, plan=plan)   # the embedded replay's result
     with tempfile.TemporaryDirectory(prefix="hespas-astrasim-") as scratch:
         folder = Path(workdir) if workdir is not None else Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)

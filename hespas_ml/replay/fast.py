@@ -26,7 +26,9 @@ replay instead. ``tests/use/test_sweep.py`` checks equality with the embedded re
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import json
+from collections import OrderedDict
+from dataclasses import astuple, dataclass
 from types import SimpleNamespace
 from typing import Sequence
 
@@ -161,6 +163,25 @@ class SystemContext:
         return self.timer.time(key)
 
 
+CONTEXTS_KEPT = 4096
+_contexts: "OrderedDict[str, SystemContext]" = OrderedDict()
+
+
+def system_context(system: SystemConfig) -> SystemContext:
+    """The :class:`SystemContext` of ``system``, shared by every replay on a system of the same content (the
+    last :data:`CONTEXTS_KEPT` systems are kept), so that their collective times are timed once."""
+    key = json.dumps([[astuple(d) for d in system.dims], system.system, system.remote_memory], sort_keys=True,
+                     default=str)
+    ctx = _contexts.get(key)
+    if ctx is None:
+        ctx = _contexts[key] = SystemContext(system)
+        if len(_contexts) > CONTEXTS_KEPT:
+            _contexts.popitem(last=False)
+    else:
+        _contexts.move_to_end(key)
+    return ctx
+
+
 # ---------------------------------------------------------------------------------------------- replay
 
 @dataclass(slots=True)
@@ -231,7 +252,7 @@ def replay_fast(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig | Sy
                 ) -> ReplayResult:
     """:func:`replay_embedded`'s result for ``traces`` on ``system``, by the fast path when it applies
     (``details["engine"]`` is then ``"fast"``)."""
-    ctx = system if isinstance(system, SystemContext) else SystemContext(system)
+    ctx = system if isinstance(system, SystemContext) else system_context(system)
     if plan is None:
         plan = compile_plan(traces, comm_groups)
     res = None

@@ -26,6 +26,7 @@ from typing import Sequence
 from ..split.regions import COLLECTIVE_TO_COMM, RegionGraph
 from . import chakra
 from .chakra import EtNode
+from .fast import ReplayPlan, compile_plan
 
 MIN_COMM_BYTES = 64   # ASTRA-sim loops forever on an ALL_GATHER smaller than its chunk count
 
@@ -37,10 +38,17 @@ class TraceSet:
     compute_time_s: float = 0.0                 # exact per-device compute time before rounding
     encoded_compute_s: float = 0.0              # the same after rounding to whole microseconds
     region_of_node: dict[int, int] = field(default_factory=dict)   # COMP node id -> region id
+    compiled: ReplayPlan | str | None = None    # the fast replay's plan, compiled on first use
 
     @property
     def n_ranks(self) -> int:
         return len(self.traces)
+
+    def replay_plan(self) -> ReplayPlan | str:
+        """The fast replay's plan of these traces (or why it does not apply), compiled once."""
+        if self.compiled is None:
+            self.compiled = compile_plan(self.traces, self.comm_groups)
+        return self.compiled
 
     def node_counts(self, rank: int = 0) -> tuple[int, int]:
         """(compute nodes, communication nodes) of one device."""

@@ -93,7 +93,7 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
         if too_big:
             return Layout(text, spec, "too-big", too_big, peak_memory_bytes=footprint.peak)
         times = pipeline.label(regions, q.fidelity, q.target)
-        step = pipeline.replay(regions, times, q.system, q.replay, interval=False)
+        step = pipeline.replay(pipeline.trace(regions, times, interval=False), q.system, q.replay)
     except HespasError as exc:
         return Layout(text, spec, "invalid", str(exc))
     flops = graph_cost(regions.graph)["flops"]

@@ -124,7 +124,7 @@ def _reason(exc: BaseException) -> str:
 
 def _noise(fidelity: str, prep: _Prepared, times: pipeline.RegionTimes) -> float:
     """Time-weighted mean relative spread (IQR / median) of a configuration's labels; NaN when unknown."""
-    from ..label.dataset_labels import label_noise
+    from .dataset_labels import label_noise
 
     count: dict[str, int] = {}
     for r, s in zip(prep.compute, prep.signatures):
@@ -179,7 +179,7 @@ class _Runner:
     def build_fidelities(self) -> None:
         """Build each source's fidelity now: a bad option is a spec error; an optional fidelity that
         cannot be built is noted as unavailable."""
-        from ..label.dataset_labels import make_fidelity
+        from .dataset_labels import make_fidelity
         from ..label.dataset_spec import FidelitySpec
         from .study_spec import StudySpecError
 
@@ -223,7 +223,7 @@ class _Runner:
     def _prepare(self, program: str, system: str, split: str) -> _Prepared:
         from .study_regions import region_infos
 
-        graph = pipeline.ingest(program, self._system(system))
+        graph = pipeline.ingest(program, self._system(system) or 1)
         rg = pipeline.split(graph, split)
         compute = rg.compute_regions()
         sigs = signatures(compute)
@@ -250,7 +250,8 @@ class _Runner:
         res.label_noise = _noise(src.fidelity, prep, times)
         res.failed_regions = sum(v is None for v in res.region_seconds.values())
         try:
-            step = pipeline.replay(prep.rg, times, self._system(system, target), self.spec.replay, interval=False)
+            step = pipeline.replay(pipeline.trace(prep.rg, times, interval=False), self._system(system, target),
+                                   self.spec.replay)
         except Exception as exc:  # noqa: BLE001
             res.reason = _reason(exc)
             return res

@@ -3,14 +3,16 @@
 ``run_sweep(spec, out)`` evaluates workloads × parallelism × targets × fidelities × replays × systems
 (see :mod:`hespas_ml.use.sweep_spec`) with work shared, not repeated:
 
-* each program is exported / ingested / split once (a task on the engine: :func:`prepare_program`);
-* each unique compute region (by :func:`~hespas_ml.split.signature.region_signature`) is labelled once
-  per (target, fidelity), in the driver, whatever program it comes from;
+* each program goes through the pipeline's ingest and split stages once (a task on the engine:
+  :func:`prepare_program`);
+* the label stage runs in the driver with the labels of every program before it, so each unique compute
+  region (by :func:`~hespas_ml.split.signature.region_signature`) is labelled once per (target, fidelity),
+  whatever program it comes from;
 * each system config is built once per (system, target memory bandwidth) — the local memory bandwidth
-  of a system is its target's, as in :func:`hespas_ml.simulate` — and each worker keeps one
-  :class:`~hespas_ml.replay.fast.SystemContext` per system with its memoised collective times;
-* traces are built once per (program, target, fidelity), compiled into a replay plan, and replayed on
-  every system (:func:`run_chunk`) by the fast replay, which gives the embedded replay's step times.
+  of a system is its target's, as in :func:`hespas_ml.simulate`;
+* the trace stage runs once per (program, target, fidelity) and the replay stage once per system
+  (:func:`run_chunk`): the traces' compiled replay plan and each system's memoised collective times are
+  reused, so the embedded replay's step times come by its fast path.
 
 Results folder ``DIR``: ``chunks/chunk-NNNNNN.parquet`` (one per chunk of configurations, written to a
 temporary name and renamed, so a file is whole or absent), ``manifest.json`` (the spec's fingerprint,
@@ -46,7 +48,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .. import pipeline
 from ..ingest.errors import HespasError
+from ..label.fidelity import Label
 from .sweep_engines import make_engine
 from .sweep_spec import SweepSpec, load_sweep_spec
 from .sweep_tasks import RESULT_FIELDS, prepare_program, reason_of, run_chunk
@@ -85,19 +89,6 @@ def result_schema(spec: SweepSpec):
     return pa.schema(fields)
 
 
-def label_interval(label) -> tuple[float, float] | None:
-    """The (lower, upper) seconds a label's fidelity gives, if any: ``meta["interval"]`` (a pair) or
-    ``meta["lower_s"]`` / ``meta["upper_s"]`` (also ``lower`` / ``upper``)."""
-    meta = getattr(label, "meta", None) or {}
-    pair = meta.get("interval")
-    if isinstance(pair, (list, tuple)) and len(pair) == 2:
-        return float(pair[0]), float(pair[1])
-    for lo, hi in (("lower_s", "upper_s"), ("lower", "upper")):
-        if lo in meta and hi in meta:
-            return float(meta[lo]), float(meta[hi])
-    return None
-
-
 # ---------------------------------------------------------------------------------------- driver
 
 def run_sweep(spec_path: str | Path, out: str | Path, *, engine: str = "local", workers: int | None = None,
@@ -120,7 +111,7 @@ class _Sweep:
             "systems_built", "trace_sets_built", "replays_fast", "replays_embedded", "replays_other",
             "configs_evaluated", "configs_failed", "chunks_written")}
         self.timings: dict[str, float] = {"prepare_s": 0.0, "label_s": 0.0, "chunks_s": 0.0}
-        self.labels: dict[tuple[str, str, str], tuple[bool, float, float, float, str]] = {}
+        self.labels: dict[tuple[str, str], dict[str, Label]] = {}    # (target, fidelity) -> by signature
         self.signatures: set[str] = set()
         self.system_cfgs: dict[tuple[str, float], Any] = {}
 
@@ -261,20 +252,13 @@ class _Sweep:
         self.stats["programs_prepared"] += 1
         t = time.perf_counter()
         rg, sigs = result["rg"], result["signatures"]
-        compute = rg.compute_regions()
-        self.stats["regions_seen"] += len(compute)
-        rep: dict[str, Any] = {}
-        for r, s in zip(compute, sigs):
-            rep.setdefault(s, r)
-        self.signatures.update(rep)
+        self.stats["regions_seen"] += len(sigs)
+        self.signatures.update(sigs)
         self.stats["regions_unique"] = len(self.signatures)
         needed = {(self.variants[v].target, self.variants[v].fidelity) for c in chunks for v in c.variants}
-        for target, fidelity in sorted(needed):
-            missing = [s for s in rep if (s, target, fidelity) not in self.labels]
-            if missing:
-                self.label(missing, [rep[s] for s in missing], target, fidelity)
+        times = {pair: self.label(rg, sigs, *pair) for pair in sorted(needed)}
         self.timings["label_s"] += time.perf_counter() - t
-        return self.payloads(p, result, chunks, compute, sigs)
+        return self.payloads(p, result, chunks, times)
 
     def target(self, name: str):
         return self.spec.target_objects[name]
@@ -282,26 +266,26 @@ class _Sweep:
     def fidelity(self, name: str):
         return self.spec.fidelity_objects[name]
 
-    def label(self, sigs: list[str], regions: list, target: str, fidelity: str) -> None:
+    def label(self, rg, sigs: list[str], target: str, fidelity: str) -> pipeline.RegionTimes:
+        """The pipeline's label stage, with the labels this sweep took for other programs: only regions no
+        program has shown yet are labelled. When the fidelity fails on them, each is unlabelled, with why."""
+        known = self.labels.setdefault((target, fidelity), {})
+        before = len(known)
         try:
-            labels = self.fidelity(fidelity).label_regions(regions, self.target(target))
-        except Exception as exc:  # noqa: BLE001 - every region of this batch is unlabelled
-            why = reason_of(exc)
-            for s in sigs:
-                self.labels[(s, target, fidelity)] = (False, 0.0, 0.0, 0.0, why)
-            return
-        for s, lab in zip(sigs, labels):
-            ok = lab.status == "ok"
-            sec = float(lab.seconds) if ok else 0.0
-            lo, hi = label_interval(lab) or (math.nan, math.nan)
-            self.labels[(s, target, fidelity)] = (ok, sec, lo if ok else 0.0, hi if ok else 0.0, "")
-        self.stats["labels_computed"] += len(sigs)
+            times = pipeline.label(rg, self.fidelity(fidelity), self.target(target), region_signatures=sigs,
+                                   known=known)
+        except Exception as exc:  # noqa: BLE001 - every new region of this program is unlabelled
+            failed = Label(math.nan, "failed", {"reason": reason_of(exc)})
+            known.update((s, failed) for s in sigs if s not in known)
+            return pipeline.label(rg, self.fidelity(fidelity), self.target(target), region_signatures=sigs,
+                                  known=known)
+        self.stats["labels_computed"] += len(known) - before
+        return times
 
-    def payloads(self, p, result: dict[str, Any], chunks: list, compute=None, sigs=None) -> list:
+    def payloads(self, p, result: dict[str, Any], chunks: list, times=None) -> list:
         """(chunk, task) pairs of a prepared (or failed) program."""
         error = result.get("error")
         rg = result.get("rg")
-        n_regions = len(rg.regions) if rg is not None else 0
         per_variant: dict[int, dict[str, Any]] = {}
         out = []
         systems = self.spec.systems_for(p)
@@ -309,7 +293,7 @@ class _Sweep:
             variants = []
             for vi in chunk.variants:
                 if vi not in per_variant:
-                    per_variant[vi] = self.variant_task(vi, n_regions, compute, sigs, result, error)
+                    per_variant[vi] = self.variant_task(vi, times, result, error)
                 variants.append(per_variant[vi])
             sl = systems[chunk.systems[0]:chunk.systems[1]]
             configs = {}
@@ -325,7 +309,7 @@ class _Sweep:
             out.append((chunk, task))
         return out
 
-    def variant_task(self, vi: int, n_regions: int, compute, sigs, result, error) -> dict[str, Any]:
+    def variant_task(self, vi: int, times, result, error) -> dict[str, Any]:
         v = self.variants[vi]
         tgt = self.target(v.target)
         task: dict[str, Any] = {"index": vi, "target": v.target, "fidelity": v.fidelity, "replay": v.replay,
@@ -333,23 +317,9 @@ class _Sweep:
                                 "cost": self.spec.costs.get(v.target),
                                 "peak_flops": tgt.peak_flops(result.get("dtype", "f32"), result.get("unit", "matrix")),
                                 "unlabelled": 0}
-        if error is not None:
-            return task
-        seconds, lower, upper = [0.0] * n_regions, [0.0] * n_regions, [0.0] * n_regions
-        has_interval = False
-        for r, s in zip(compute, sigs):
-            ok, sec, lo, hi, _why = self.labels[(s, v.target, v.fidelity)]
-            if not ok:
-                task["unlabelled"] += 1
-            seconds[r.id] = sec
-            if not math.isnan(lo):
-                has_interval = True
-                lower[r.id], upper[r.id] = lo, hi
-            else:
-                lower[r.id] = upper[r.id] = sec
-        task["seconds"] = seconds
-        if has_interval:
-            task["lower"], task["upper"] = lower, upper
+        if error is None:
+            task["times"] = times[(v.target, v.fidelity)]
+            task["unlabelled"] = task["times"].failed
         return task
 
     def system_config(self, name: str, mem_bw_gbps: float):

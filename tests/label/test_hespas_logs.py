@@ -136,7 +136,7 @@ def test_llama3_100m_splits_like_hespas_logs_say():
 
 @pytest.fixture(scope="module")
 def measured():
-    from hespas_ml.label.dataset import load_dataset
+    from hespas_ml.label.dataset_tables import load_dataset
     return load_dataset(FOLDER)
 
 

@@ -207,7 +207,7 @@ def test_sampling_is_stratified_deterministic_and_keeps_every_gpu() -> None:
 
 
 def test_import_writes_a_measured_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hespas_ml.label.dataset import load_dataset
+    from hespas_ml.label.dataset_tables import load_dataset
 
     monkeypatch.chdir(tmp_path)
     files = _files(12)
@@ -241,7 +241,7 @@ def test_import_writes_a_measured_folder(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.fixture(scope="module")
 def committed():
-    from hespas_ml.label.dataset import load_dataset
+    from hespas_ml.label.dataset_tables import load_dataset
 
     assert COMMITTED.is_dir(), f"{COMMITTED} is missing (python eval/import_neusight.py writes it)"
     return load_dataset(COMMITTED)

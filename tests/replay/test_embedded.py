@@ -329,13 +329,13 @@ def test_a_ring_larger_than_its_fits_is_timed_from_the_line_through_smaller_ones
             assert fit.at(d, r) == measure_phase(structure, d, r, cfg)
 
 
-def test_the_replay_of_many_ranks_takes_the_fast_path_to_the_same_nanosecond() -> None:
-    from hespas_ml.replay import FAST_REPLAY_RANKS, replay
+@pytest.mark.parametrize("spec", ["ring:4x100", "switch:8x450,switch:128x50"])
+def test_the_embedded_replay_takes_the_fast_path_to_the_same_nanosecond(spec: str) -> None:
+    from hespas_ml.replay import replay
 
     trace = [comp(0, 5), coll(1, et.ALL_REDUCE, 4 << 20, deps=[0]), comp(2, 7, deps=[1]),
              coll(3, et.ALL_GATHER, 1 << 20, deps=[2]), comp(4, 3, deps=[3])]
-    system = load_system("switch:8x450,switch:128x50")
-    assert system.n_npus >= FAST_REPLAY_RANKS
+    system = load_system(spec)
     traces = [list(trace) for _ in range(system.n_npus)]
     fast = replay(traces, system, backend="embedded")
     slow = replay_embedded(traces, system)

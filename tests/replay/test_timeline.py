@@ -23,12 +23,12 @@ def test_the_timeline_shows_the_replays_finish_and_exposed_communication(tmp_pat
     q = pipeline.Question.resolve(DP, "A100-40GB", "ring:4x50")
     regions = pipeline.split(pipeline.ingest(q.program, q.system))
     times = pipeline.label(regions, q.fidelity, q.target)
-    step = pipeline.replay(regions, times, q.system, "embedded", record_nodes=True)
-    spans = step_spans(step.traces.traces, q.system, step.traces.comm_groups or None)
+    step = pipeline.replay(pipeline.trace(regions, times), q.system, "embedded", record_nodes=True)
+    spans = step_spans(step.traces.point.traces, q.system, step.traces.point.comm_groups or None)
     assert sorted(spans) == [0, 1, 2, 3]
     # the ticks the step's own replay recorded draw the same picture, without a second replay
-    assert step_spans(step.traces.traces, q.system, None, step.node_ticks) == spans
-    ranks = replay_embedded(step.traces.traces, q.system, step.traces.comm_groups or None).ranks
+    assert step_spans(step.traces.point.traces, q.system, None, step.node_ticks) == spans
+    ranks = replay_embedded(step.traces.point.traces, q.system, step.traces.point.comm_groups or None).ranks
     for r in ranks:
         assert max(s.end_ns for s in spans[r.rank]) == r.finish_ns
         assert sum(b - a for a, b in exposed(spans[r.rank])) == r.exposed_comm_ns > 0
@@ -39,7 +39,7 @@ def test_the_timeline_shows_the_replays_finish_and_exposed_communication(tmp_pat
 def test_one_device_runs_its_compute_nodes_one_after_another():
     q = pipeline.Question.resolve("zoo:mlp?layers=2&width=256&batch=64&step=train", "H100")
     regions = pipeline.split(pipeline.ingest(q.program))
-    step = pipeline.replay(regions, pipeline.label(regions, q.fidelity, q.target), None)
-    spans = step_spans(step.traces.traces, None)[0]
+    step = pipeline.replay(pipeline.trace(regions, pipeline.label(regions, q.fidelity, q.target)), None)
+    spans = step_spans(step.traces.point.traces, None)[0]
     assert all(a.end_ns == b.start_ns for a, b in zip(spans, spans[1:]))
-    assert spans[-1].end_ns == round(step.traces.encoded_compute_s * 1e9)
+    assert spans[-1].end_ns == round(step.traces.point.encoded_compute_s * 1e9)

@@ -2,8 +2,8 @@
 
 :func:`build_dataset` runs three phases, each with a progress bar:
 
-1. **programs** — every program of the spec is exported (zoo), ingested and split in worker processes
-   (:func:`~hespas_ml.label.region_records.program_records`); its compute regions are grouped by
+1. **programs** — every program of the spec goes through the pipeline's ingest and split stages in worker
+   processes (:func:`~hespas_ml.label.region_records.program_records`); its compute regions are grouped by
    :func:`~hespas_ml.split.signature.region_signature` and committed to the cache with their occurrence
    counts. A program that cannot be read is recorded as failed with its reason.
 2. **labels** — each (unique region, target, fidelity) is labelled once, fidelity after fidelity (so
@@ -28,12 +28,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .dataset_cache import BuildCache, DatasetError
+from .. import pipeline
+from ..label.dataset_cache import BuildCache, DatasetError
 from ..units import progress_bar
 from .dataset_labels import build_labels, reason_of
-from .dataset_spec import DatasetSpec, load_spec
-from .dataset_tables import Dataset, load_dataset, write_manifest, write_tables
-from .region_records import program_records
+from ..label.dataset_spec import DatasetSpec, load_spec
+from ..label.dataset_tables import Dataset, load_dataset, write_manifest, write_tables
+from ..label.region_records import program_records
 
 
 def default_workers() -> int:
@@ -44,11 +45,13 @@ def default_workers() -> int:
 # ------------------------------------------------------------------------------------------ phase 1
 
 def _program_task(source: str, split: str, caps: dict[str, Any]) -> dict[str, Any]:
-    """Worker entry point (module level, so a spawned worker can import it). A failure comes back as
+    """Worker entry point (module level, so a spawned worker can import it): the pipeline's ingest and split
+    stages, then the program's regions grouped by signature. A failure comes back as
     ``{"error": reason, "seconds": …}`` (exceptions do not all survive the trip between processes)."""
     t0 = time.perf_counter()
     try:
-        return program_records(source, split, caps)
+        records = program_records(pipeline.split(pipeline.ingest(source), split), caps)
+        return {**records, "seconds": time.perf_counter() - t0}
     except Exception as exc:  # noqa: BLE001 - recorded as this program's failure
         return {"error": reason_of(exc), "seconds": time.perf_counter() - t0}
 
@@ -176,8 +179,8 @@ def snapshot_dataset(spec_path: str | os.PathLike[str], build_dir: str | os.Path
     that never blocks the build), then written out like a finished build."""
     import sqlite3
 
-    from .dataset_cache import CACHE_FILE
-    from .steadiness import LOG_FILE
+    from ..label.dataset_cache import CACHE_FILE
+    from ..label.steadiness import LOG_FILE
 
     spec = load_spec(spec_path)
     source = Path(build_dir) / CACHE_FILE

@@ -1,4 +1,4 @@
-"""The dataset builder (hespas_ml.label.dataset*) and the structural region hash (hespas_ml.split.signature).
+"""The dataset builder (hespas_ml.use.dataset*, hespas_ml.label.dataset_*) and the structural region hash (hespas_ml.split.signature).
 
 Real programs, real fidelities: the smoke spec (datasets/smoke.yaml) is built once end to end; resuming
 is tested by SIGKILLing the CLI while it labels and comparing the finished folder with an uninterrupted
@@ -23,7 +23,7 @@ import pytest
 from conftest import PROJECT_ROOT, shared_path
 from hespas_ml.cli.main import main
 from hespas_ml.ingest.stablehlo import parse_module
-from hespas_ml.label.dataset import build_dataset, load_dataset, snapshot_dataset
+from hespas_ml.use.dataset import build_dataset, load_dataset, snapshot_dataset
 from hespas_ml.label.dataset_cache import DatasetError
 from hespas_ml.label.dataset_spec import DatasetSpecError, load_spec
 from hespas_ml.label.dataset_tables import GRAPH_COLUMNS, LABEL_COLUMNS, REGION_COLUMNS
@@ -31,6 +31,7 @@ from hespas_ml.label.region_records import program_records, region_from_record, 
 from hespas_ml.label.roofline import RooflineFidelity
 from hespas_ml.label.scalesim import LayerCache, ScaleSimFidelity
 from hespas_ml.label.targets import load_target
+from hespas_ml.ingest import load_program
 from hespas_ml.split.regions import split_program
 from hespas_ml.split.signature import region_signature, signatures
 from tests.conftest import readme_command
@@ -143,7 +144,7 @@ def test_records_rebuild_regions_that_label_identically():
 
 def test_program_records_count_occurrences():
     path = shared_path("mlir", "resnet_50_inference_step_4_devices_1024_batch.mlir")
-    res = program_records(str(path))
+    res = program_records(split_program(load_program(str(path)), "fusion"))
     assert res["n_regions"] == sum(e["occurrences"] for e in res["regions"].values()) + res["n_skipped"]
     assert len(res["regions"]) < res["n_regions"]       # ResNet's repeated blocks collapse
     assert max(e["occurrences"] for e in res["regions"].values()) > 1
@@ -485,7 +486,7 @@ def _resume_and_compare(proc, killed: Path, tmp_path: Path, cmd: list[str], env:
 
 
 def test_snapshot_of_a_build_matches_its_tables_and_leaves_it_alone(smoke, tmp_path, capsys):
-    from hespas_ml.label.dataset import snapshot_dataset
+    from hespas_ml.use.dataset import snapshot_dataset
 
     out, _ = smoke
     spec = SMOKE
@@ -504,7 +505,7 @@ def test_snapshot_of_a_build_matches_its_tables_and_leaves_it_alone(smoke, tmp_p
 
 
 def test_a_long_profiling_stage_starts_with_a_steadiness_check(tmp_path, monkeypatch, capsys):
-    from hespas_ml.label import dataset_labels
+    from hespas_ml.use import dataset_labels
     monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(dataset_labels, "STEADINESS_MIN_LABELS", 1)     # this tiny stage counts as long
     monkeypatch.setattr(dataset_labels, "STEADINESS_S", 0.5)

@@ -25,13 +25,15 @@ import time
 import warnings
 from typing import Any, Callable, Sequence
 
+from .. import pipeline
 from ..ingest.errors import HespasError
 from ..units import progress_bar
-from .dataset_cache import BuildCache, DatasetError
-from .dataset_spec import DatasetSpec, FidelitySpec
-from .fidelity import FidelityError, Label, option_defaults
-from .registry import get_labeller, labeller_class
-from .region_records import region_from_record
+from ..label.dataset_cache import BuildCache, DatasetError
+from ..label.dataset_spec import DatasetSpec, FidelitySpec
+from ..label.fidelity import FidelityError, Label, option_defaults
+from ..label.registry import get_labeller, labeller_class
+from ..label.region_records import region_from_record
+from ..split.signature import region_signature
 
 DETERMINISTIC = frozenset({"roofline", "scalesim"})
 STANDALONE = frozenset({"roofline", "scalesim"})     # fidelities that can label a rebuilt region
@@ -48,10 +50,10 @@ def reason_of(exc: BaseException) -> str:
 def make_fidelity(fs: FidelitySpec, workers: int):
     """The fidelity object for a spec entry, with its options applied."""
     if fs.name == "roofline":
-        from .roofline import RooflineFidelity
+        from ..label.roofline import RooflineFidelity
         return RooflineFidelity()
     if fs.name == "scalesim":
-        from .scalesim import ScaleSimFidelity
+        from ..label.scalesim import ScaleSimFidelity
         return ScaleSimFidelity.from_options(fs.options, workers)
     return get_labeller(fs.name, **fs.options)
 
@@ -142,15 +144,12 @@ def cover_programs(todo: set[str], sources: dict[str, list[str]], order: dict[st
 
 
 def program_regions(source: str, split: str, wanted: set[str]) -> dict[str, Any]:
-    """The first region of each wanted hash in ``source`` (ingested and split again, in this process)."""
-    from ..ingest import load_program
-    from ..split.regions import split_program
-    from ..split.signature import region_signature
-
-    graph = load_program(source)
-    users = graph.users()
+    """The first region of each wanted hash in ``source`` (through the pipeline's ingest and split stages
+    again, in this process)."""
+    rg = pipeline.split(pipeline.ingest(source), split)
+    users = rg.graph.users()
     found: dict[str, Any] = {}
-    for region in split_program(graph, split).compute_regions():
+    for region in rg.compute_regions():
         digest = region_signature(region, users)
         if digest in wanted and digest not in found:
             found[digest] = region
@@ -163,7 +162,7 @@ def program_regions(source: str, split: str, wanted: set[str]) -> dict[str, Any]
 
 def _pending(spec: DatasetSpec, fs: FidelitySpec, cache: BuildCache, hashes: list[str],
              targets: dict[str, Any]) -> list[tuple[Any, set[str]]]:
-    from .targets import load_target
+    from ..label.targets import load_target
 
     scope = hashes                                  # the same regions on every target
     if fs.families:
@@ -305,7 +304,7 @@ def _steadiness_first(fidelity, pending: int, folder) -> dict[str, Any] | None:
     :mod:`~hespas_ml.label.steadiness`), printed, warned about when unsteady, appended to the build
     folder's ``steadiness.jsonl`` (one JSON line per check, so every stage's conditions stay on record) and
     returned for the manifest."""
-    from .steadiness import append_log, check_steadiness
+    from ..label.steadiness import append_log, check_steadiness
 
     try:
         report = check_steadiness(STEADINESS_S, fidelity)

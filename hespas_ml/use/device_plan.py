@@ -18,7 +18,7 @@ folder that the device run (:mod:`hespas_ml.label.device_run`) needs nothing els
   ``roofline_s`` (the sum of their roofline labels on the target, executions counted);
 * the dataset tables of the planned regions (``regions``, ``graphs``, ``programs``, ``targets`` and the
   roofline ``labels`` parquet files, ``manifest.json``), so that measured labels imported next to them
-  (:mod:`hespas_ml.label.measured`) form a dataset folder :func:`~hespas_ml.label.dataset.load_dataset`
+  (:mod:`hespas_ml.label.measured`) form a dataset folder :func:`~hespas_ml.label.dataset_tables.load_dataset`
   reads.
 
 Regions of the corpus are sampled round-robin over strata (op family × element type × size band, see
@@ -41,11 +41,11 @@ import yaml
 
 from ..host import machine_identity, package_version
 from ..ingest.errors import HespasError
-from .dataset_spec import DatasetSpec, FidelitySpec, TargetRef, load_spec, parse_programs
-from .profiling import ProfilingFidelity
-from .targets import load_target
+from ..label.device_run import PHASES, read_jsonl_gz
+from ..label.dataset_spec import DatasetSpec, FidelitySpec, TargetRef, load_spec, parse_programs
+from ..label.profiling import ProfilingFidelity
+from ..label.targets import load_target
 
-PHASES = ("regions", "steps", "held_out")
 DEFAULT_SHARES = {"regions": 0.55, "steps": 0.2, "held_out": 0.25}
 PLAN_KEYS = ("name", "description", "target", "corpus", "corpus_regions", "steps", "held_out", "profiling",
              "step_measure_s", "shares")
@@ -174,7 +174,7 @@ def _region_texts(hashes: list[str], sources: dict[str, list[str]], order: dict[
     as few programs as hold every region."""
     from ..units import progress_bar
     from .dataset_labels import cover_programs, program_regions
-    from .profiling import extract_region_modules
+    from ..label.profiling import extract_region_modules
 
     out: dict[str, str] = {}
     plan = cover_programs(set(hashes), sources, order)
@@ -208,18 +208,13 @@ def _write_jsonl_gz(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def read_jsonl_gz(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    with gzip.open(path, "rt") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def _filtered_tables(work: Path, out: Path, hashes: set[str], target: str, sources: set[str]) -> None:
     """The work dataset's tables, restricted to the planned regions and their programs (roofline labels on
     the plan's target only)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from .dataset_tables import write_manifest
+    from ..label.dataset_tables import write_manifest
 
     keep = {"regions.parquet": lambda t: pc.is_in(t["hash"], value_set=_array(hashes)),
             "graphs.parquet": lambda t: pc.is_in(t["hash"], value_set=_array(hashes)),
@@ -266,8 +261,8 @@ def build_plan(spec_path: str | os.PathLike[str], out_dir: str | os.PathLike[str
     """Build the plan folder of the plan spec at ``spec_path`` in ``out_dir`` (see the module docstring).
     ``work_dir`` holds the dataset build of every program (resumable: a second call reuses it)."""
     from .dataset import build_dataset
-    from .dataset_cache import BuildCache
-    from .dataset_tables import load_dataset
+    from ..label.dataset_cache import BuildCache
+    from ..label.dataset_tables import load_dataset
 
     spec = load_plan_spec(spec_path)
     corpus: DatasetSpec = spec["corpus"]

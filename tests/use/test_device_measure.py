@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hespas_ml.label.dataset import load_dataset
-from hespas_ml.label.device_plan import PlanError, build_plan, load_plan_spec, read_jsonl_gz, sample_strata
+from hespas_ml.label.dataset_tables import load_dataset
+from hespas_ml.label.device_run import read_jsonl_gz
+from hespas_ml.use.device_plan import PlanError, build_plan, load_plan_spec, sample_strata
 from hespas_ml.label.device_run import RunError, read_lines, run_plan
 from hespas_ml.label.fidelity import FidelityError
 from hespas_ml.label.measured import MeasuredError, import_run
