@@ -10,10 +10,12 @@ inference step, what ``auto`` chose before it counted every rank's nodes; for th
 ``--full``: it takes minutes). Step times must agree to the nanosecond; peak memory is the process's.
 
 With ``--llama-ranks N`` (a multiple of 8) it also times a data-parallel Llama training step on N ranks
-(``switch:8x450,switch:<N/8>x50``): ``replay()``'s path (the fast replay from 512 ranks) against the embedded
-replay's symmetric engine, in the same run.
+(``switch:8x450,switch:<N/8>x50``): ``replay()``'s path (the fast replay) against the embedded replay's
+symmetric engine, in the same run. With ``--mesh70b MESH`` (e.g. ``dp:256,tp:8``) it times every stage of a
+Llama-3-70B-shaped training step (80 layers, scanned, bf16, 4,096 tokens per sequence, one sequence per data
+parallel rank) on that mesh's devices, and its replay against the symmetric engine's.
 
-    python eval/bench_replay_scale.py [--full] [--repeat 3] [--llama-ranks 4096]
+    python eval/bench_replay_scale.py [--full] [--repeat 3] [--llama-ranks 4096] [--mesh70b dp:256,tp:8]
 """
 from __future__ import annotations
 
@@ -70,14 +72,55 @@ def llama_figures(n: int) -> None:
     print(f"  every rank's finish and exposed time equal: {'yes' if results[0] == results[1] else 'NO'}\n")
 
 
+LLAMA_70B = ("zoo:llama?layers=80&d_model=8192&heads=64&kv_heads=8&ffn=28672&vocab=128256&seq=4096&batch={batch}"
+             "&step=train&mesh={mesh}&devices={n}&dtype=bf16&scan=true")
+
+
+def mesh_figures(mesh: str) -> None:
+    from math import prod
+    sizes = {k: int(v) for k, v in (part.split(":") for part in mesh.split(","))}
+    n = prod(sizes.values())
+    spec = LLAMA_70B.format(batch=sizes.get("dp", 1) * sizes.get("fsdp", 1), mesh=mesh, n=n)
+    t = time.perf_counter()
+    q = pipeline.Question.resolve(spec, "H100", f"switch:8x450,switch:{n // 8}x50")
+    stages = {"resolve": time.perf_counter() - t}
+    t = time.perf_counter()
+    graph = pipeline.ingest(q.program, q.system)
+    stages["ingest"] = time.perf_counter() - t          # the export is cached after a first run
+    t = time.perf_counter()
+    regions = pipeline.split(graph, q.split)
+    stages["split"] = time.perf_counter() - t
+    t = time.perf_counter()
+    times = pipeline.label(regions, q.fidelity, q.target)
+    stages["label"] = time.perf_counter() - t
+    t = time.perf_counter()
+    traces = pipeline.trace(regions, times)
+    stages["trace"] = time.perf_counter() - t
+    t = time.perf_counter()
+    step = pipeline.replay(traces, q.system, "embedded")
+    stages["replay"] = time.perf_counter() - t
+    print(f"Llama-3-70B-shaped training step on {mesh} ({n} ranks, {q.system.source}), "
+          f"{len(traces.point.traces[0])} nodes per rank")
+    print("  " + "   ".join(f"{k} {v:.2f} s" for k, v in stages.items()) + f"   engine {step.engine}")
+    seconds, ref = timed(lambda: replay_embedded(traces.point.traces, q.system, traces.point.comm_groups or None,
+                                                 engine="symmetric"), 1)
+    same = [(r.finish_ns, r.exposed_comm_ns) for r in ref.ranks] == \
+           [(r.finish_ns, r.exposed_comm_ns) for r in step.result.ranks]
+    print(f"  embedded, symmetric (baseline) {seconds:.2f} s   step {ref.step_time_s * 1e3:.6f} ms; replay() "
+          f"{step.step_time_s * 1e3:.6f} ms; every rank's finish and exposed time equal: {'yes' if same else 'NO'}\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="also time the full engine on the training step (minutes)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3; the full engine once)")
     ap.add_argument("--llama-ranks", type=int, default=0, help="also a data-parallel Llama step on this many ranks")
+    ap.add_argument("--mesh70b", metavar="MESH", help="also every stage of a 70B-shaped Llama step on this mesh")
     args = ap.parse_args()
     if args.llama_ranks:
         llama_figures(args.llama_ranks)
+    if args.mesh70b:
+        mesh_figures(args.mesh70b)
     system = load_system(SYSTEM)
     print(f"system {SYSTEM.name}: {system.n_npus} ranks")
     for step in ("train", "infer"):

@@ -142,8 +142,35 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     region_loops = {r.id: tuple(lp for lp, _ in inst.key) for inst in instances for r in [inst.region]}
     group_ids: dict[tuple[int, ...], int] = {}
     traces: list[list[EtNode]] = [[] for _ in range(n)]
-    # per rank: (region id, iteration key) -> node ids that stand for that instance's completion
-    done: list[dict[tuple, list[int]]] = [dict() for _ in range(n)]
+    # per rank: (region id, iteration key) -> node ids that stand for that instance's completion. While
+    # every rank has run the same nodes (uniform), the ranks share one such map and one trace (template),
+    # in which a collective node that names a communicator group stands for one node per group (variants:
+    # its position and every rank's node). So a step of thousands of ranks costs one rank's work and a
+    # copy of a list per rank. The first collective some ranks sit out, or collective permute, gives each
+    # rank its own map and trace from then on.
+    uniform = True
+    done: list[dict[tuple, list[int]]] = [{}] * n
+    template: list[EtNode] = []
+    variants: list[tuple[int, list[EtNode]]] = []
+
+    def diverge() -> None:
+        nonlocal uniform
+        if uniform:
+            uniform = False
+            done[:] = [dict(done[0]) for _ in range(n)]
+            expand()
+
+    def expand() -> None:
+        """Every rank's trace from the template, its communication already in order."""
+        _order_communication([template])
+        for pos, per_rank in variants:
+            for node in per_rank:
+                node.ctrl_deps = template[pos].ctrl_deps
+        for rank in range(n):
+            nodes = template.copy()
+            for pos, per_rank in variants:
+                nodes[pos] = per_rank[rank]
+            traces[rank] = nodes
     # the sinks of each unrolled loop body: what the next trip waits for (the loop-carried values)
     sinks: dict[int, list[int]] = {}
     for loop in {lp for chain in region_loops.values() for lp in chain}:
@@ -156,6 +183,8 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     carried_us = 0
     region_of_node: dict[int, int] = {}
     permute_count = 0
+    trip_ends: dict[tuple, list[int]] = {}
+    trip_first: dict[tuple, int] = {}       # loop trip (iteration key) -> the first node id made in it
 
     def dep_nodes(rank: int, inst: _Instance) -> list[int]:
         """Nodes an instance waits for: its region's producers in the matching iterations, and — for the
@@ -171,13 +200,32 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
             if key and key[-1][0] in d_loops:
                 inner_dep = True
         if key and not inner_dep and key[-1][1] > 0:
+            out.extend(trip_end(rank, key))
+        return sorted(set(out)) if len(out) > 1 else out
+
+    def trip_end(rank: int, key: tuple[tuple[int, int], ...]) -> list[int]:
+        """The nodes of the sinks of the trip before ``key``'s (kept: every region that starts the trip
+        waits for them). A sink without a node stands for what it waited for, which reaches back into
+        older trips: what the previous trip's own start waited for. When the previous trip has nodes of
+        its own, each of them waited for that already, so it is left out: the same order, without edges
+        that grow with every trip."""
+        who = 0 if uniform else rank
+        hit = trip_ends.get((who, key))
+        if hit is None:
             loop, k = key[-1]
-            prev = dict(it)
+            prev = dict(key)
             prev[loop] = k - 1
+            found: list[int] = []
             for s_id in sinks[loop]:
                 s_key = tuple((lp, prev.get(lp, max(1, loops[lp].trip_count) - 1)) for lp in region_loops[s_id])
-                out.extend(done[rank].get((s_id, s_key), ()))
-        return sorted(set(out)) if len(out) > 1 else out
+                found.extend(done[rank].get((s_id, s_key), ()))
+            prev_key = key[:-1] + ((loop, k - 1),)
+            older, first = trip_ends.get((who, prev_key)), trip_first.get(prev_key)
+            if older and first is not None and any(i >= first for i in found):
+                drop = set(older)
+                found = [i for i in found if i not in drop]
+            hit = trip_ends[(who, key)] = found
+        return hit
 
     def finish(rank: int, inst: _Instance, nodes: list[int]) -> None:
         done[rank][(inst.region.id, inst.key)] = nodes
@@ -185,12 +233,14 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     for inst in instances:
         r = inst.region
         suffix = "".join(f"_{k}" for _, k in inst.key)
+        for depth in range(1, len(inst.key) + 1):
+            trip_first.setdefault(inst.key[:depth], next_id)
         if r.kind == "compute":
             seconds = float(region_seconds[r.id]) * inst.times
             flops = r.flops * inst.times
             nbytes = r.bytes * inst.times
             if seconds <= 0.0 and flops == 0 and nbytes == 0:
-                for rank in range(n):
+                for rank in range(1 if uniform else n):
                     finish(rank, inst, dep_nodes(rank, inst))
                 continue
             exact_total += seconds
@@ -202,6 +252,10 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
             region_of_node[nid] = r.id
             attrs = {"num_ops": max(1, int(flops)), "tensor_size": max(1, int(nbytes))}
             name = f"comp_{r.id}{suffix}"
+            if uniform:
+                template.append(EtNode(nid, name, chakra.COMP_NODE, dep_nodes(0, inst), [], micros, attrs))
+                finish(0, inst, [nid])
+                continue
             for rank in range(n):
                 traces[rank].append(EtNode(nid, name, chakra.COMP_NODE, dep_nodes(rank, inst), [], micros,
                                            dict(attrs)))
@@ -209,6 +263,7 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
             continue
         c = r.collective
         if c.kind == "collective_permute":
+            diverge()
             for rep in range(inst.times):
                 permute_count += 1          # a tag per execution: every rank counts them in the same order
 
@@ -226,10 +281,23 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
             for rank in g:
                 if rank < n:
                     member_pg[rank] = pg
+        if c.groups and len(member_pg) < n:
+            diverge()                                     # some ranks sit this collective out
         for rep in range(inst.times):
             nid = next_id
             next_id += 1
             name = f"{c.kind}_{r.id}{suffix}" + (f"_{rep}" if inst.times > 1 else "")
+            if uniform:
+                deps = dep_nodes(0, inst) if rep == 0 else done[0][(r.id, inst.key)]
+                by_pg: dict[str, EtNode] = {}
+                for pg in dict.fromkeys(member_pg.values()) if member_pg else [""]:
+                    attrs = {"comm_type": comm_type, "comm_size": size, **({"pg_name": pg} if pg else {})}
+                    by_pg[pg] = EtNode(nid, name, chakra.COMM_COLL_NODE, deps, [], 0, attrs)
+                template.append(by_pg[member_pg.get(0, "")])
+                if len(by_pg) > 1:
+                    variants.append((len(template) - 1, [by_pg[member_pg[rank]] for rank in range(n)]))
+                finish(0, inst, [nid])
+                continue
             for rank in range(n):
                 deps = dep_nodes(rank, inst) if rep == 0 else done[rank][(r.id, inst.key)]
                 if c.groups and rank not in member_pg:
@@ -241,7 +309,10 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
                 traces[rank].append(EtNode(nid, name, chakra.COMM_COLL_NODE, deps, [], 0, attrs))
                 finish(rank, inst, [nid])
     encoded = carried_us * 1e-6
-    _order_communication(traces)
+    if uniform:
+        expand()
+    else:
+        _order_communication(traces, len(template))
     for rank in range(n):
         if not traces[rank]:   # ASTRA-sim aborts on a rank without nodes
             traces[rank].append(EtNode(next_id, "idle", chakra.COMP_NODE, [], [], 0, {"num_ops": 1, "tensor_size": 1}))
@@ -249,16 +320,18 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     return TraceSet(traces, groups, exact_total, encoded, region_of_node)
 
 
-def _order_communication(traces: list[list[EtNode]]) -> None:
+def _order_communication(traces: list[list[EtNode]], start: int = 0) -> None:
     """Issue each device's collectives and sends in program order (a ctrl_dep on the previous one).
 
     ASTRA-sim matches collectives across ranks by the order in which each rank issues them, and issues
     whichever is ready first: when ranks' dependencies differ (send/recv, groups), two collectives can
     become ready in different orders on different ranks and the run hangs. Devices run their collectives
-    in one fixed order (XLA schedules them on a stream), so chaining them costs nothing real."""
+    in one fixed order (XLA schedules them on a stream), so chaining them costs nothing real. ``start``:
+    the nodes before it are in order already."""
     for nodes in traces:
-        prev: int | None = None
-        for node in nodes:
+        prev: int | None = next((nodes[i].id for i in range(start - 1, -1, -1)
+                                 if nodes[i].type in (chakra.COMM_COLL_NODE, chakra.COMM_SEND_NODE)), None)
+        for node in nodes[start:]:
             if node.type in (chakra.COMM_COLL_NODE, chakra.COMM_SEND_NODE):
                 if prev is not None and prev not in node.data_deps:
                     node.ctrl_deps = [prev]

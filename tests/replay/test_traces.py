@@ -194,3 +194,61 @@ def test_collectives_keep_program_order_so_ranks_never_disagree():
         assert colls[0].id in colls[1].ctrl_deps
     res = replay(ts.traces, "ring:4x50", backend="embedded")
     assert len(res.ranks) == 4 and res.step_time_s > 0
+
+
+SOME_RANKS = """
+module @some attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 4 : i32} {
+  func.func @main(%x: tensor<256x256xf32>) -> tensor<256x256xf32> {
+    %0 = stablehlo.tanh %x : tensor<256x256xf32>
+    %1 = "stablehlo.all_reduce"(%0) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>} : (tensor<256x256xf32>) -> tensor<256x256xf32>
+    %2 = stablehlo.exponential %1 : tensor<256x256xf32>
+    %3 = "stablehlo.all_reduce"(%2) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<256x256xf32>) -> tensor<256x256xf32>
+    %4 = stablehlo.sine %3 : tensor<256x256xf32>
+    return %4 : tensor<256x256xf32>
+  }
+}
+"""
+
+
+def test_ranks_share_their_nodes_until_some_sit_a_collective_out():
+    rg = split_program(parse_module(SOME_RANKS, "some"))
+    ts = build_traces(rg, [2e-6] * len(rg.regions))
+    t = ts.traces
+    # the tanh and the first all-reduce run on every rank: one node object per node (per group for the
+    # all-reduce); the second all-reduce is ranks 0 and 1's only, after which each rank has its own nodes
+    assert t[0][0] is t[1][0] is t[2][0] is t[3][0]
+    assert t[0][1] is t[1][1] and t[2][1] is t[3][1] and t[0][1] is not t[2][1]
+    assert [[n.attrs.get("pg_name") for n in r if n.type == chakra.COMM_COLL_NODE] for r in t] == \
+           [["1", "1"], ["1", "1"], ["2"], ["2"]]
+    assert ts.comm_groups == {1: [0, 1], 2: [2, 3]}
+    assert [len(r) for r in t] == [5, 5, 4, 4]
+    assert t[0][-1] is not t[1][-1] and t[0][-1] == t[1][-1]
+    # ranks 2 and 3 go on from the first all-reduce: the sine waits for what the exp waited for there
+    exp2, sin2 = t[2][2], t[2][3]
+    assert sin2.data_deps == [exp2.id]
+    from hespas_ml.replay import replay
+    res = replay(ts, "ring:4x100", backend="embedded")
+    assert res.ranks[0].finish_ns > res.ranks[2].finish_ns
+
+
+@pytest.mark.slow      # exports two zoo programs
+def test_a_scanned_loops_edges_do_not_grow_with_its_trips():
+    from hespas_ml.ingest import load_program
+
+    spec = ("zoo:llama?layers={}&d_model=256&heads=8&vocab=1024&seq=64&batch=8&step=train&parallel=tp&devices=4"
+            "&scan=true")
+    widest = []
+    for layers in (2, 6):
+        rg = split_program(load_program(spec.format(layers)), "fusion")
+        # regions of free ops only get no node: a loop trip's sinks among them stand for older trips
+        ts = build_traces(rg, [1e-6 if r.flops or r.bytes else 0.0 for r in rg.regions])
+        widest.append(max(len(n.data_deps) for n in ts.traces[0]))
+    assert widest[0] == widest[1]

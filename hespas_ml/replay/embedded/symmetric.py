@@ -11,6 +11,8 @@ raises `Asymmetric`, and the caller falls back to the full engine.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import compress
+from operator import is_not
 from typing import Any, Callable, Sequence
 
 from hespas_ml.replay import chakra as et
@@ -184,28 +186,46 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
     if any(len(t) != len(first) for t in traces):
         return None
     shape = [_node_shape(n) for n in first]
-    if not all(_runs_alike(n, ref, want) for t in traces[1:] for n, ref, want in zip(t, first, shape)):
-        return None
+    alike: set[tuple[int, int]] = set()             # (position, node object) checked already: ranks may
+    for t in traces[1:]:                            # share node objects
+        if t is first:
+            continue
+        for i in compress(range(len(t)), map(is_not, t, first)):    # positions where t has its own node
+            n = t[i]
+            if (i, id(n)) not in alike:
+                if not _runs_alike(n, first[i], shape[i]):
+                    return None
+                alike.add((i, id(n)))
     if cfg.replay_only:
         return {}
     peers: dict[int, set[int]] = {}
+    sub_group: dict[int, int | None] = {}           # by node object
     for i, node in enumerate(first):
         if node.type == et.COMP_NODE:
             continue
         if node.type != et.COMM_COLL_NODE:
             return None
         try:
-            per_rank = [_sub_group_of(t[i], cfg, groups) for t in traces]
+            per_rank = []
+            for t in traces:
+                n = t[i]
+                g = sub_group.get(id(n), -1)
+                if g == -1:
+                    g = sub_group[id(n)] = _sub_group_of(n, cfg, groups)
+                per_rank.append(g)
         except (KeyError, ValueError, TypeError):
             return None  # the full engine reports the bad pg_name
-        if all(g is None for g in per_rank):
+        used = set(per_rank)
+        if used == {None}:
             continue
-        if any(g is None for g in per_rank) or len({len(groups[g]) for g in per_rank}) != 1:
+        if None in used or len({len(groups[g]) for g in used}) != 1:
             return None
+        users: dict[int, set[int]] = {}
         for rank, group in enumerate(per_rank):
-            if rank not in groups[group] or any(per_rank[m] != group for m in groups[group]):
-                return None
-        peers.setdefault(per_rank[0], set()).update(per_rank)
+            users.setdefault(group, set()).add(rank)
+        if any(users[g] != set(groups[g]) for g in used):     # each group used by exactly its members
+            return None
+        peers.setdefault(per_rank[0], set()).update(used)
     return peers
 
 
