@@ -13,7 +13,7 @@ from typing import Sequence
 from hespas_ml.replay.astrasim import find_binary, parse_output, replay_astrasim
 from hespas_ml.replay.chakra import (
     ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE,
-    COMP_NODE, REDUCE_SCATTER, EtNode, decode_trace, encode_trace, read_trace, read_traces, trace_prefix,
+    COMP_NODE, REDUCE_SCATTER, EtNode, RankTraces, decode_trace, encode_trace, read_trace, read_traces, trace_prefix,
     write_trace, write_traces,
 )
 from hespas_ml.replay.embedded import RankResult, ReplayResult, replay_embedded
@@ -29,7 +29,8 @@ BACKENDS = ("auto", "embedded", "astra-sim")
 __all__ = [
     "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BACKENDS", "BROADCAST", "COMM_COLL_NODE", "COMM_RECV_NODE",
     "COMM_SEND_NODE", "COMP_NODE", "REDUCE_SCATTER", "EtNode", "NetworkDim", "RankResult",
-    "ReplayError", "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError", "TraceError", "TraceSet",
+    "RankTraces", "ReplayError", "ReplayResult", "ReplayStageError", "SystemConfig", "SystemConfigError",
+    "TraceError", "TraceSet",
     "decode_trace", "encode_trace", "find_binary", "load_comm_groups", "load_system", "parse_output",
     "read_trace", "read_traces", "replay", "replay_astrasim", "replay_embedded", "replay_fast", "trace_prefix",
     "write_comm_groups", "write_system", "write_trace", "write_traces",
@@ -79,6 +80,8 @@ def replay(traces_or_prefix: TraceSet | Sequence[Sequence[EtNode]] | str | Path,
     if found is None:
         if isinstance(traces_or_prefix, (str, Path)):
             traces = read_traces(traces_or_prefix, cfg.n_npus)
+        elif isinstance(traces_or_prefix, RankTraces):
+            traces = traces_or_prefix
         else:
             traces = list(traces_or_prefix)
         if record_nodes:

@@ -88,6 +88,31 @@ class EtNode:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
+class RankTraces(Sequence):
+    """Every rank's trace when the ranks run the same nodes: one ``template`` (rank 0's list), and for the
+    positions where ranks hold different nodes (a collective over communicator groups) every rank's node
+    (``variants``: position, node by rank). A rank's list is made when it is asked for, so thousands of
+    ranks cost one trace; node objects are shared between ranks and must not be changed."""
+
+    def __init__(self, template: list[EtNode], variants: list[tuple[int, list[EtNode]]], n_ranks: int):
+        self.template, self.variants, self.n_ranks = template, variants, n_ranks
+
+    def __len__(self) -> int:
+        return self.n_ranks
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(self.n_ranks))]
+        if rank < 0:
+            rank += self.n_ranks
+        if not 0 <= rank < self.n_ranks:
+            raise IndexError(f"rank {rank} of {self.n_ranks}")
+        nodes = self.template.copy()
+        for pos, per_rank in self.variants:
+            nodes[pos] = per_rank[rank]
+        return nodes
+
+
 # --- wire-format primitives ----------------------------------------------------------------------------
 _WT_VARINT, _WT_I64, _WT_LEN, _WT_I32 = 0, 1, 2, 5
 _WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 3: "start-group", 4: "end-group", 5: "32-bit"}

@@ -75,7 +75,7 @@ def compile_plan(traces: Sequence[Sequence[et.EtNode]],
     """The plan of ``traces``, or a one-line reason why this replay does not apply to them (the caller
     then uses :func:`replay_embedded`)."""
     n = len(traces)
-    if n == 0 or any(not t for t in traces):
+    if n == 0 or any(not t for t in ([traces.template] if isinstance(traces, et.RankTraces) else traces)):
         return "a rank has no node"
     groups = {int(k): list(v) for k, v in (comm_groups or {}).items()}
     try:

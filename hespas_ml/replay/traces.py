@@ -33,7 +33,7 @@ MIN_COMM_BYTES = 64   # ASTRA-sim loops forever on an ALL_GATHER smaller than it
 
 @dataclass(slots=True)
 class TraceSet:
-    traces: list[list[EtNode]]                  # one node list per device (rank)
+    traces: Sequence[list[EtNode]]              # one node list per device (rank): a list, or a RankTraces
     comm_groups: dict[int, list[int]] = field(default_factory=dict)
     compute_time_s: float = 0.0                 # exact per-device compute time before rounding
     encoded_compute_s: float = 0.0              # the same after rounding to whole microseconds
@@ -145,32 +145,30 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     # per rank: (region id, iteration key) -> node ids that stand for that instance's completion. While
     # every rank has run the same nodes (uniform), the ranks share one such map and one trace (template),
     # in which a collective node that names a communicator group stands for one node per group (variants:
-    # its position and every rank's node). So a step of thousands of ranks costs one rank's work and a
-    # copy of a list per rank. The first collective some ranks sit out, or collective permute, gives each
-    # rank its own map and trace from then on.
+    # its position and every rank's node); a program uniform to the end gives a RankTraces, which makes a
+    # rank's list when asked, so a step of thousands of ranks costs one rank's work. The first collective
+    # some ranks sit out, or collective permute, gives each rank its own map and list from then on.
     uniform = True
     done: list[dict[tuple, list[int]]] = [{}] * n
     template: list[EtNode] = []
     variants: list[tuple[int, list[EtNode]]] = []
+
+    def shared_traces() -> chakra.RankTraces:
+        """The ranks' traces so far, their communication in order."""
+        _order_communication([template])
+        for pos, per_rank in variants:
+            for node in per_rank:
+                node.ctrl_deps = template[pos].ctrl_deps
+        return chakra.RankTraces(template, variants, n)
 
     def diverge() -> None:
         nonlocal uniform
         if uniform:
             uniform = False
             done[:] = [dict(done[0]) for _ in range(n)]
-            expand()
+            shared = shared_traces()
+            traces[:] = [shared[rank] for rank in range(n)]
 
-    def expand() -> None:
-        """Every rank's trace from the template, its communication already in order."""
-        _order_communication([template])
-        for pos, per_rank in variants:
-            for node in per_rank:
-                node.ctrl_deps = template[pos].ctrl_deps
-        for rank in range(n):
-            nodes = template.copy()
-            for pos, per_rank in variants:
-                nodes[pos] = per_rank[rank]
-            traces[rank] = nodes
     # the sinks of each unrolled loop body: what the next trip waits for (the loop-carried values)
     sinks: dict[int, list[int]] = {}
     for loop in {lp for chain in region_loops.values() for lp in chain}:
@@ -309,14 +307,16 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
                 traces[rank].append(EtNode(nid, name, chakra.COMM_COLL_NODE, deps, [], 0, attrs))
                 finish(rank, inst, [nid])
     encoded = carried_us * 1e-6
-    if uniform:
-        expand()
-    else:
-        _order_communication(traces, len(template))
-    for rank in range(n):
-        if not traces[rank]:   # ASTRA-sim aborts on a rank without nodes
-            traces[rank].append(EtNode(next_id, "idle", chakra.COMP_NODE, [], [], 0, {"num_ops": 1, "tensor_size": 1}))
+    idle = EtNode(next_id, "idle", chakra.COMP_NODE, [], [], 0, {"num_ops": 1, "tensor_size": 1})
     groups = {gid: list(key) for key, gid in group_ids.items()}
+    if uniform:
+        if not template:       # ASTRA-sim aborts on a rank without nodes
+            template.append(idle)
+        return TraceSet(shared_traces(), groups, exact_total, encoded, region_of_node)
+    _order_communication(traces, len(template))
+    for rank in range(n):
+        if not traces[rank]:
+            traces[rank].append(idle)
     return TraceSet(traces, groups, exact_total, encoded, region_of_node)
 
 

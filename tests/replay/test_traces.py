@@ -252,3 +252,23 @@ def test_a_scanned_loops_edges_do_not_grow_with_its_trips():
         ts = build_traces(rg, [1e-6 if r.flops or r.bytes else 0.0 for r in rg.regions])
         widest.append(max(len(n.data_deps) for n in ts.traces[0]))
     assert widest[0] == widest[1]
+
+
+def test_ranks_that_run_alike_keep_one_trace_and_replay_as_every_rank_written_out():
+    from hespas_ml.replay import load_system, replay
+    from hespas_ml.replay.embedded import replay_embedded
+    from hespas_ml.replay.embedded.config import ReplayConfig
+    from hespas_ml.replay.embedded.symmetric import symmetric_plan
+
+    rg = split_program(parse_file(shared_path("mlir", "test_split_replica_groups.mlir")))
+    ts = build_traces(rg, [2e-6] * len(rg.regions))
+    assert isinstance(ts.traces, chakra.RankTraces) and len(ts.traces) == 4
+    written = [list(t) for t in ts.traces]                     # every rank's list, as plain lists
+    assert [[(n.id, n.attrs.get("pg_name")) for n in t] for t in written] == \
+           [[(n.id, n.attrs.get("pg_name")) for n in ts.traces[r]] for r in range(4)]
+    system = load_system("ring:4x100")
+    cfg = ReplayConfig(system)
+    assert symmetric_plan(ts.traces, cfg, ts.comm_groups) == symmetric_plan(written, cfg, ts.comm_groups) is not None
+    ours = replay(ts, system, backend="embedded")
+    every = replay_embedded(written, system, ts.comm_groups, engine="full")
+    assert [(r.finish_ns, r.exposed_comm_ns) for r in ours.ranks] == [(r.finish_ns, r.exposed_comm_ns) for r in every.ranks]

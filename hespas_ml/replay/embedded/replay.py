@@ -82,7 +82,7 @@ def replay_embedded(traces: Sequence[Sequence[et.EtNode]], system: SystemConfig,
     if len(traces) != cfg.total:
         raise ReplayError(f"{len(traces)} rank trace(s) given for a system of {cfg.total} NPUs ({system.source})")
     groups = _checked_groups(comm_groups, cfg.total)
-    for rank, nodes in enumerate(traces):
+    for rank, nodes in enumerate([traces.template] if isinstance(traces, et.RankTraces) else traces):
         if not nodes:
             raise ReplayError(f"rank {rank}: the trace has no node (ASTRA-sim aborts)")
     if engine not in ENGINES:

@@ -182,20 +182,24 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
     ranks use in its place.  Ranks behave alike when they run the same nodes (up to names and
     pg_name), only COMP and collective nodes, and every sub-group collective is issued by all ranks
     in equally sized groups that each member uses consistently."""
-    first = traces[0]
-    if any(len(t) != len(first) for t in traces):
-        return None
+    if isinstance(traces, et.RankTraces):           # ranks alike by construction but at the variants
+        first = traces.template
+        columns = dict(traces.variants)
+        differing = [(i, n) for i, per_rank in traces.variants for n in {id(n): n for n in per_rank}.values()]
+    else:
+        first = traces[0]
+        if any(len(t) != len(first) for t in traces):
+            return None
+        columns = None
+        differing = ((i, t[i]) for t in traces[1:] if t is not first
+                     for i in compress(range(len(t)), map(is_not, t, first)))   # where t has its own node
     shape = [_node_shape(n) for n in first]
     alike: set[tuple[int, int]] = set()             # (position, node object) checked already: ranks may
-    for t in traces[1:]:                            # share node objects
-        if t is first:
-            continue
-        for i in compress(range(len(t)), map(is_not, t, first)):    # positions where t has its own node
-            n = t[i]
-            if (i, id(n)) not in alike:
-                if not _runs_alike(n, first[i], shape[i]):
-                    return None
-                alike.add((i, id(n)))
+    for i, n in differing:                          # share node objects
+        if (i, id(n)) not in alike:
+            if not _runs_alike(n, first[i], shape[i]):
+                return None
+            alike.add((i, id(n)))
     if cfg.replay_only:
         return {}
     peers: dict[int, set[int]] = {}
@@ -205,10 +209,11 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
             continue
         if node.type != et.COMM_COLL_NODE:
             return None
+        one_node = columns is not None and i not in columns      # one node object on every rank
+        column = [node] if one_node else columns[i] if columns is not None else [t[i] for t in traces]
         try:
             per_rank = []
-            for t in traces:
-                n = t[i]
+            for n in column:
                 g = sub_group.get(id(n), -1)
                 if g == -1:
                     g = sub_group[id(n)] = _sub_group_of(n, cfg, groups)
@@ -220,8 +225,8 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
             continue
         if None in used or len({len(groups[g]) for g in used}) != 1:
             return None
-        users: dict[int, set[int]] = {}
-        for rank, group in enumerate(per_rank):
+        users: dict[int, set[int]] = {per_rank[0]: set(range(len(traces)))} if one_node else {}
+        for rank, group in enumerate(() if one_node else per_rank):
             users.setdefault(group, set()).add(rank)
         if any(users[g] != set(groups[g]) for g in used):     # each group used by exactly its members
             return None
