@@ -302,6 +302,7 @@ class SimulationResult:
     kernel_bytes: float = 0.0                # per device, moved by the split's kernels (what the times are of)
     memory: dict[str, int] = field(default_factory=dict)   # per device at the peak (split.memory.Memory)
     memory_capacity_bytes: float = 0.0       # the target's device memory
+    replay_engine: str = ""                  # none | fast | symmetric (ranks alike: one simulated) | full | astra-sim
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -319,7 +320,8 @@ class SimulationResult:
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {
             "program": self.program, "target": self.target, "fidelity": self.fidelity, "split": self.split,
-            "system": self.system, "replay": self.replay, "n_devices": self.n_devices,
+            "system": self.system, "replay": self.replay, "replay_engine": self.replay_engine,
+            "n_devices": self.n_devices,
             "step_time_s": self.step_time_s,
             "step_time_interval_s": list(self.step_time_interval_s) if self.step_time_interval_s else None,
             "seen_in_training": self.seen_in_training,
@@ -400,7 +402,7 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
         step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.distinct.values()),
         kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"),
-        memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity))
+        memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity), replay_engine=step.engine)
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result

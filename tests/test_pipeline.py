@@ -8,6 +8,7 @@ import pytest
 
 from hespas_ml.fidelities import get_fidelity
 from hespas_ml.ingest.errors import HespasError
+from hespas_ml.ingest.stablehlo import parse_module
 from hespas_ml.label.targets import load_target
 from hespas_ml.pipeline import (Question, RegionTimes, SimulationError, ingest, label, replay, run, simulate, split,
                                 trace)
@@ -163,3 +164,29 @@ def test_simulate_reports_the_peak_memory_and_whether_it_fits():
     big = simulate("zoo:mlp?layers=4&width=8192&batch=65536&step=train", target="T4")   # 16 GiB card
     assert not big.fits and big.peak_memory_bytes > 16 * 2**30
     assert any(w.startswith("does not fit:") and "T4" in w for w in big.warnings)
+
+
+def test_at_scale_simulate_says_whether_the_replay_used_the_ranks_symmetry(capsys):
+    from hespas_ml.cli.main import main as cli_main
+
+    spec = "zoo:mlp?layers=2&width=64&batch=64&step=train&parallel=dp&devices=64"
+    assert cli_main(["simulate", spec, "--target", "H100", "--system", "switch:8x100,switch:8x50"]) == 0
+    assert "replay embedded   (ranks alike: one rank simulated for all)" in capsys.readouterr().out
+    assert simulate(spec, "H100", "switch:8x100,switch:8x50").replay_engine == "fast"
+    two_of_64 = parse_module(SOME_RANKS_SIT_OUT, "two_of_64")          # an all-reduce of ranks 0 and 1 only
+    assert simulate(two_of_64, "H100", "switch:8x100,switch:8x50").replay_engine == "full"
+
+
+SOME_RANKS_SIT_OUT = """
+module @two attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 64 : i32} {
+  func.func @main(%x: tensor<256x256xf32>) -> tensor<256x256xf32> {
+    %0 = stablehlo.tanh %x : tensor<256x256xf32>
+    %1 = "stablehlo.all_reduce"(%0) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<256x256xf32>) -> tensor<256x256xf32>
+    return %1 : tensor<256x256xf32>
+  }
+}
+"""

@@ -7,6 +7,8 @@ import sys
 from ..split.regions import SPLITS
 from ..units import format_bytes, format_seconds
 
+MANY_RANKS = 64       # from this many devices simulate says whether the replay used the ranks' symmetry
+
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="program -> regions -> labels -> Chakra traces -> replayed step time",
@@ -86,7 +88,11 @@ def cmd_simulate(args) -> int:
     w = sys.stdout.write
     w(f"program       {res.program}  ({res.n_devices} device{'s' if res.n_devices > 1 else ''})\n")
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split)\n")
-    w(f"system        {res.system}   replay {res.replay}\n")
+    how = ""
+    if res.n_devices >= MANY_RANKS:              # at scale, say whether the replay could use the symmetry
+        how = ("   (ranks alike: one rank simulated for all)" if res.replay_engine in ("fast", "symmetric") else
+               "   (ranks differ: every rank simulated)" if res.replay_engine == "full" else "")
+    w(f"system        {res.system}   replay {res.replay}{how}\n")
     interval = res.step_time_interval_s
     w(f"step time     {format_seconds(res.step_time_s)}"
       + (f"   (interval {format_seconds(interval[0])} .. {format_seconds(interval[1])})" if interval else "") + "\n")
