@@ -45,6 +45,15 @@ def test_vector_auto_engine(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", vector_names())
+def test_vector_replay_as_the_pipeline_calls_it(name: str) -> None:
+    """replay(): the fast path where ranks run alike, the embedded replay elsewhere."""
+    from hespas_ml.replay import replay
+
+    vector = load_vector(name)
+    check_against_binary(replay(vector.traces, vector.system, vector.groups, backend="embedded"), vector.unaware)
+
+
+@pytest.mark.parametrize("name", vector_names())
 def test_vector_full_engine_including_per_node_ticks(name: str) -> None:
     vector = load_vector(name)
     result = replay_embedded(vector.traces, vector.system, vector.groups, engine="full", record_nodes=True)
