@@ -1,4 +1,4 @@
-"""Transformer zoo families (llama, vit, moe): specs, FLOPs against the analytical count, the
+"""Transformer zoo families (llama, gpt, vit, moe): specs, FLOPs against the analytical count, the
 collectives of every parallel strategy, scan loops, determinism, a 3B-parameter export, the CLI."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from hespas_ml.ingest import IngestError, OpGraph, TensorType
 from hespas_ml.ingest.zoo import ZOO, parse_zoo_spec, zoo_program
+from hespas_ml.ingest.zoo import gpt as gpt_family
 from hespas_ml.ingest.zoo import llama as llama_family
 from hespas_ml.ingest.zoo import moe as moe_family
 from hespas_ml.ingest.zoo import vit as vit_family
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.slow   # exports programs, starts workers, builds datas
 
 # small configurations: d_model 64, 4 heads (head size 16)
 LLAMA = "zoo:llama?layers=2&d_model=64&heads=4&kv_heads=2&ffn=128&vocab=256&seq=16&batch=8"
+GPT = "zoo:gpt?layers=2&d_model=64&heads=4&vocab=1000&seq=16&batch=8"
 VIT = "zoo:vit?image=16&patch=4&layers=2&d_model=64&heads=4&mlp=128&classes=10&batch=8"
 MOE = "zoo:moe?layers=2&d_model=64&heads=4&experts=4&top_k=2&ffn=128&vocab=256&seq=16&batch=8"
 ALL_DEVICES = [[0, 1, 2, 3]]
@@ -45,7 +47,7 @@ def t(*shape_and_dtype) -> TensorType:
 # -- specs ------------------------------------------------------------------------------------------
 
 def test_families_are_registered_with_documented_parameters():
-    for name in ("llama", "vit", "moe"):
+    for name in ("llama", "gpt", "vit", "moe"):
         entry = ZOO[name]
         assert {"layers", "d_model", "heads", "dtype", "step", "devices", "parallel", "scan"} <= \
             {p.name for p in entry.params}
@@ -81,6 +83,8 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:llama?mesh=dp:2,dp:2&devices=4", "mesh axis 'dp' is given twice"),
     ("zoo:llama?mesh=dp:3,tp:2&devices=6&batch=8", "dp × fsdp = 3 does not divide batch 8"),
     ("zoo:llama?mesh=dp:2,tp:4&devices=8&parallel=tp", "leave parallel=tp out"),
+    ("zoo:gpt?heads=12&mesh=dp:2,tp:8&devices=16", "tp 8 does not divide heads 12"),
+    ("zoo:gpt?d_model=100&heads=8", "d_model=100 is not divisible by heads=8"),
 ])
 def test_impossible_combinations_are_rejected_in_one_line(spec, message):
     with pytest.raises(IngestError) as info:
@@ -179,6 +183,42 @@ def test_llama_tp_all_reduces_after_attention_and_mlp():
     full = llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8)
     head = 2 * 8 * 16 * 64 * 256
     assert matrix_flops(g) == pytest.approx(3 * ((full - head) / 2 + head), rel=1e-9)
+
+
+# -- gpt ----------------------------------------------------------------------------------------------
+
+def test_gpt_pads_its_vocabulary_as_megatron_does():
+    def padded(spec):
+        return gpt_family.sizes(parse_zoo_spec(spec)[1])["padded_vocab"]
+
+    assert padded("zoo:gpt") == 50304                                    # GPT-2's 50,257 tokens, one device
+    assert padded("zoo:gpt?heads=16&d_model=1024&parallel=tp&devices=8") == 51200    # a multiple of 128 x 8
+    assert padded("zoo:gpt?heads=16&d_model=1024&mesh=dp:4,tp:4&devices=16") == 50688
+    assert gpt_family.parameter_count(parse_zoo_spec("zoo:gpt")[1]) == 124_475_904   # GPT-2 small, padded
+
+
+def test_gpt_inference_step_flops_and_parameters():
+    g = load(f"{GPT}&step=infer")
+    params = parse_zoo_spec(GPT)[1]
+    assert gpt_family.sizes(params)["padded_vocab"] == 1024
+    d, ffn, seq, tokens = 64, 256, 16, 8 * 16
+    expected = 2 * tokens * (2 * (4 * d * d + 2 * d * ffn + 2 * seq * d) + d * 1024)
+    assert gpt_family.forward_flops(params) == expected
+    assert matrix_flops(g) == pytest.approx(expected, rel=1e-9)
+    assert g.inputs[-1] == t(8, 16, "i32")
+    assert inputs_numel(g, len(g.inputs) - 1) == gpt_family.parameter_count(params)
+    assert executions(g, "dot_general") == 2 * 8 + 1      # q k v scores pv o, the two MLP matrices; LM head
+
+
+def test_gpt_tp_adds_each_split_layers_bias_once_after_its_all_reduce():
+    g = load(f"{GPT}&devices=2&parallel=tp")
+    assert len(kinds(g, "all_reduce")) == 4 * 2              # attention-out and MLP-down, forward and backward
+    operands = dot_operands(g)
+    assert {t(64, 32, "f32"), t(32, 64, "f32"), t(64, 128, "f32"), t(128, 64, "f32")} <= operands
+    full, head = gpt_family.forward_flops(parse_zoo_spec(GPT)[1]), 2 * 8 * 16 * 64 * 1024
+    assert matrix_flops(g) == pytest.approx(3 * ((full - head) / 2 + head), rel=1e-9)
+    one = load(GPT)
+    assert len(one.inputs) == len(g.inputs)                  # the same parameters, split or replicated
 
 
 @pytest.mark.parametrize("parallel", ["dp-partitioned", "fsdp-partitioned", "tp-partitioned"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import IngestError
-from . import llama, mlp, moe, vit
+from . import gpt, llama, mlp, moe, vit
 from . import cnn, micro_conv, micro_matmul, micro_vector
 from . import dlrm, unet
 from . import convnext, efficientnet, mobilenet, swin
@@ -13,6 +13,7 @@ from .base import MAX_PARTITIONED_DEVICES, ParamValue, ZooEntry
 ZOO: dict[str, ZooEntry] = {entry.name: entry for entry in (
     mlp.ENTRY,
     llama.ENTRY,
+    gpt.ENTRY,
     vit.ENTRY,
     moe.ENTRY,
     cnn.ENTRY,
