@@ -89,6 +89,7 @@ def test_every_region_of_shared_programs_extracts_with_its_exact_work(name, ever
 
 @pytest.mark.parametrize("name", ["jax_example.mlir", "resnet_50_inference_step_4_devices_1024_batch.mlir",
                                   "maxtext/llama3-100m-4dev.mlir"])
+@pytest.mark.slow      # compiles regions with XLA (or exports a zoo program)
 def test_compute_regions_of_shared_programs_compile_with_xla(name):
     graph = parse_file(shared_path("mlir", name))
     compute = [r for r in split_program(graph).compute_regions()]
@@ -180,6 +181,7 @@ def exported(tmp_path_factory) -> Path:
                                            ("shard_map.mlir", "sdy.manual_computation"),
                                            ("partitioned.mlirbc", "mhlo.fusion"),
                                            ("mix.mlir", "stablehlo.sort")])
+@pytest.mark.slow      # compiles regions with XLA (or exports a zoo program)
 def test_exported_programs_every_region_extracts_and_compiles(exported, name, feature):
     path = exported / name
     data = path.read_bytes()
@@ -233,6 +235,7 @@ def inputs_for(graph, rng) -> list[np.ndarray]:
     return out
 
 
+@pytest.mark.slow      # compiles regions with XLA (or exports a zoo program)
 def test_regions_run_one_after_another_compute_the_program(exported):
     """Execute the program whole, and as its regions chained through their parameters and results:
     the outputs agree, so every region computes exactly its part."""
@@ -289,6 +292,7 @@ def test_bad_op_ids_and_sourceless_graphs_are_clean_errors(tmp_path):
         program_data(g)
 
 
+@pytest.mark.slow      # compiles regions with XLA (or exports a zoo program)
 def test_program_data_of_a_zoo_graph(tmp_path, monkeypatch):
     monkeypatch.setenv("HESPAS_ML_CACHE", str(tmp_path))
     spec = "zoo:mlp?layers=1&width=32&batch=8&step=infer"

@@ -116,6 +116,7 @@ def test_importing_ingest_and_parsing_specs_does_not_import_jax():
 
 # -- MLP programs -------------------------------------------------------------------------------
 
+@pytest.mark.slow      # exports zoo programs
 def test_mlp_inference_step():
     g = load_program("zoo:mlp?layers=3&width=32&batch=8&step=infer")
     assert g.source.startswith("zoo:mlp?")
@@ -127,6 +128,7 @@ def test_mlp_inference_step():
     assert g.n_devices == 1
 
 
+@pytest.mark.slow      # exports zoo programs
 def test_mlp_training_step_with_adam_in_bf16():
     g = load_program(f"zoo:mlp?{SMALL}&optimizer=adam&dtype=bf16")
     dots = kinds(g, "dot_general")
@@ -137,6 +139,7 @@ def test_mlp_training_step_with_adam_in_bf16():
     assert len(g.inputs) == 4 * 3 + 1 + 2
 
 
+@pytest.mark.slow      # exports zoo programs
 def test_mlp_data_parallel_shard_map_sums_gradients_with_psum():
     g = load_program(f"zoo:mlp?{SMALL}&devices=4&parallel=dp")
     assert g.n_devices == 4
@@ -148,6 +151,7 @@ def test_mlp_data_parallel_shard_map_sums_gradients_with_psum():
     assert str(kinds(g, "dot_general")[0].operand_types[0]) == "2x32xf32"
 
 
+@pytest.mark.slow      # exports zoo programs
 def test_explicit_strategies_export_over_an_abstract_mesh_without_devices():
     """shard_map programs are written over an abstract mesh: no fake host device is made for them, and a
     device count far above what a machine could fake exports in seconds with every device in its groups."""
@@ -161,6 +165,7 @@ def test_explicit_strategies_export_over_an_abstract_mesh_without_devices():
     assert reduces and all(op.attrs["replica_groups"] == [list(range(16384))] for op in reduces)
 
 
+@pytest.mark.slow      # exports zoo programs
 def test_mlp_data_parallel_compiler_partitioned():
     g = load_program(f"zoo:mlp?{SMALL}&devices=4&parallel=dp-partitioned")
     assert g.n_devices == 4
@@ -173,6 +178,7 @@ def test_mlp_data_parallel_compiler_partitioned():
     assert files, "the partitioned program is cached as bytecode"
 
 
+@pytest.mark.slow      # exports zoo programs
 def test_cache_makes_the_second_use_instant_and_repairs_damage():
     spec = f"zoo:mlp?{SMALL}&step=infer"
     first = load_program(spec)

@@ -151,6 +151,7 @@ def test_formula_equals_scalesim_compute_only(dataflow):
             assert simulate(gemm, array, "compute-only")["cycles"] == analytical_cycles(gemm, rows, cols, dataflow)
 
 
+@pytest.mark.slow      # starts SCALE-Sim workers
 def test_full_gemm_equals_scalesim_file_route(tmp_path):
     gemm = Gemm(20, 12, 10)
     roomy = ArrayConfig(8, 4, "ws", 1, 1, 1, 4)          # everything fits: no stalls
@@ -339,6 +340,7 @@ def test_mode_choice_from_predicted_cost():
         assert big[0] > small[0] and big[1] > small[1]
 
 
+@pytest.mark.slow      # starts SCALE-Sim workers
 def test_time_overrun_falls_back_to_compute_only(cache):
     # full SCALE-Sim of 512^3 on a 128x128 array takes seconds; the budget allows half a second
     target = array_target(128, 128, 1, sram_kb=4096)
@@ -384,6 +386,7 @@ def test_nothing_fits_without_tail_fails_without_running(cache):
 
 # -- isolation --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow      # starts SCALE-Sim workers
 def test_killed_worker_gives_a_failed_label_and_the_caller_goes_on(cache):
     target = array_target(128, 128, 1, sram_kb=4096)
     rg, regions = regions_of(dot_program(512, 512, 512, "bf16"))
@@ -411,6 +414,7 @@ def test_one_dead_worker_does_not_take_its_batch_down():
     assert results[2]["cycles"] == analytical_cycles(Gemm(8, 8, 8), 8, 8, "ws")
 
 
+@pytest.mark.slow      # starts SCALE-Sim workers
 def test_a_hung_worker_is_killed_at_the_deadline():
     # a stopped worker cannot even run its own alarm: the caller kills it a grace period after the budget
     array = ArrayConfig(8, 8, "ws", 16, 16, 16, 4)
