@@ -233,8 +233,8 @@ def replay(traces: StepTraces, system: SystemConfig | None, backend: str = "auto
            workdir: str | Path | None = None, record_nodes: bool = False) -> Step:
     """The step time of ``traces`` on ``system``, replayed by ASTRA-sim or the embedded replay; with one
     device (``system`` None or of one NPU), the compute time itself. When ``traces`` has interval ends they
-    are replayed too, and ``interval_s`` spans the three step times. ``record_nodes``: keep each node's issue and finish ns in ``node_ticks`` (the
-    embedded replay only)."""
+    are replayed too, and ``interval_s`` spans the three step times. ``record_nodes``: keep each node's
+    issue and finish ns in ``node_ticks`` (the embedded replay only)."""
     step = _replay_one(traces.point, system, backend, binary, workdir, record_nodes)
     step.traces = traces
     ends = [step.step_time_s] + [_replay_one(ts, system, backend, binary, None, False).step_time_s
@@ -447,5 +447,5 @@ def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionR
     return prefix
 
 
-__all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "StepTraces", "ingest",
-           "label", "replay", "run", "simulate", "split", "trace"]
+__all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "StepTraces",
+           "ingest", "label", "replay", "run", "simulate", "split", "trace"]
