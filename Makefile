@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup test quick demo bench clean
+.PHONY: setup test quick demo bench readme-figures clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(None if v == (3, 11) else "hespas-ml needs Python 3.11 (its pinned jax, torch and scalesim resolve together there); $(PYTHON) is %d.%d: run make with PYTHON=python3.11" % v)'
@@ -24,6 +24,9 @@ demo: setup
 
 bench: setup
 	$(PY) eval/bench_pipeline.py
+
+readme-figures: setup
+	$(PY) eval/readme_figures.py
 
 clean:
 	rm -rf out .pytest_cache

@@ -46,7 +46,8 @@ def test_more_readme_commands_run_as_written(start, tmp_path, monkeypatch, capsy
 
 
 def test_the_readme_shows_what_make_demo_prints():
-    """The README's `make demo` block is the demo's own output (eval/readme_figures.py rewrites it)."""
+    """The README's `make demo` block is the demo's own output, and its roofline table the pipeline's
+    (eval/readme_figures.py rewrites them)."""
     import subprocess
     import sys
 
