@@ -103,9 +103,12 @@ def cmd_simulate(args) -> int:
       f"per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
     m = res.memory
+    held = [(m[k], k.replace("_", " ")) for k in ("parameters", "optimizer_state", "batch") if k in m] \
+        or [(m["arguments"], "arguments")]
     w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak per device "
-      f"({format_bytes(m['arguments'])} arguments, {format_bytes(m['intermediates'] + m['collective_buffers'])} "
-      f"intermediates, {format_bytes(m['outputs'])} outputs); "
+      f"({', '.join(f'{format_bytes(v)} {what}' for v, what in held)}, "
+      f"{format_bytes(m['intermediates'] + m['collective_buffers'])} intermediates, {format_bytes(m['outputs'])} "
+      f"outputs); "
       f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
     w(f"nodes         {res.n_comp_nodes} compute, {res.n_comm_nodes} communication (per device)\n")
     top = res.top_regions(args.top)

@@ -22,6 +22,7 @@ import sys
 from typing import Any, Callable
 
 from .errors import HespasError
+from .graph import ROLES_ATTR
 
 _COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
@@ -94,10 +95,13 @@ def _symbol_name(name: str) -> str:
     return clean if re.match(r"[A-Za-z_]", clean) else f"m_{clean}"
 
 
-def export_jax(fn: Callable, *example_args: Any, name: str | None = None) -> str:
+def export_jax(fn: Callable, *example_args: Any, name: str | None = None,
+               argument_roles: list[tuple[str, int]] | None = None) -> str:
     """StableHLO text of ``jax.jit(fn)`` lowered for ``example_args`` (arrays or ShapeDtypeStructs).
 
     An already jitted ``fn`` keeps its own options. ``name`` renames the module (``module @name``).
+    ``argument_roles``: what main's arguments hold, as (role, how many arguments) in order; written as the
+    module attribute ``hespas.argument_roles``, which ingest reads back.
     """
     import jax
 
@@ -110,6 +114,13 @@ def export_jax(fn: Callable, *example_args: Any, name: str | None = None) -> str
     if name:
         text = re.sub(r"^(\s*module\s+)@(?:\"[^\"]*\"|[\w.$-]+)", rf"\g<1>@{_symbol_name(name)}", text,
                       count=1, flags=re.M)
+    if argument_roles:
+        roles = ",".join(f"{role}:{n}" for role, n in argument_roles if n)
+        head = re.search(r"^(\s*module\s+@(?:\"[^\"]*\"|[\w.$-]+))(\s+attributes\s*\{)?", text, flags=re.M)
+        if head is not None:
+            attr = f'{ROLES_ATTR} = "{roles}"'
+            text = (text[:head.end()] + f" {attr}," + text[head.end():] if head.group(2)
+                    else text[:head.end()] + f" attributes {{{attr}}}" + text[head.end():])
     return text
 
 

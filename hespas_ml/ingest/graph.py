@@ -105,6 +105,9 @@ class Loop:
     func: str = "main"
 
 
+ROLES_ATTR = "hespas.argument_roles"    # module attribute: what main's arguments hold, "parameters:40,batch:2"
+
+
 @dataclass(slots=True)
 class OpGraph:
     """A whole ingested program."""
@@ -118,6 +121,7 @@ class OpGraph:
     outputs: list[int] = field(default_factory=list)          # op ids that main returns (-1: an input)
     warnings: list[str] = field(default_factory=list)
     source: str = ""                 # file path or zoo spec it came from
+    input_roles: list[str] | None = None   # what each input holds (parameters, optimizer_state, batch), if known
 
     @property
     def n_devices(self) -> int:

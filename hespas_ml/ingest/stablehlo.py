@@ -43,7 +43,7 @@ from .bindings import TERMINATORS, describe_mlir_error, line_of, mlir, text_of
 from .bytecode_check import CHECKER
 from .device_groups import MAX_DEVICES, DeviceGroups
 from .errors import IngestError
-from .graph import Loop, Op, OpGraph, TensorType
+from .graph import ROLES_ATTR, Loop, Op, OpGraph, TensorType
 from .prevalidate import MAX_RANK, MAX_TEXT_NESTING, prevalidate
 from .trip_count import EXACT_TRIP_STEPS, MAX_DERIVED_TRIPS, TripCounter
 
@@ -203,7 +203,22 @@ class _Ingester:
         inputs = [self.local_inputs.get(i, t) for i, t in enumerate(inputs)]
         return OpGraph(name=name, ops=self.ops, loops=self.loops, num_replicas=devices.replicas,
                        num_partitions=devices.partitions, inputs=[t for t in inputs if t is not None],
-                       outputs=outputs, warnings=self.warnings, source=self.source)
+                       outputs=outputs, warnings=self.warnings, source=self.source,
+                       input_roles=self._input_roles(attrs, inputs))
+
+    def _input_roles(self, attrs: dict, inputs: list) -> list[str] | None:
+        """What each of main's arguments holds, from the ``hespas.argument_roles`` attribute the zoo writes
+        (``"parameters:40,optimizer_state:80,batch:2"``); None when the module has none or it does not fit."""
+        attr = attrs.get(ROLES_ATTR)
+        if attr is None or any(t is None for t in inputs):
+            return None
+        roles: list[str] = []
+        for part in text_of(attr).split(","):
+            role, _, n = part.partition(":")
+            if not n.isdigit():
+                return None
+            roles += [role.strip()] * int(n)
+        return roles if len(roles) == len(inputs) else None
 
     def _count_attr(self, attrs: dict, key: str) -> int:
         attr = attrs.get(key)

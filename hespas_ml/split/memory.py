@@ -10,7 +10,7 @@ padding, fragmentation and workspace are not in it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .regions import RegionGraph
 
@@ -19,19 +19,23 @@ from .regions import RegionGraph
 class Memory:
     """Bytes per device: ``arguments`` (live all step), and at the peak, the live ``intermediates``
     (results of compute regions other regions still need), ``collective_buffers`` (results of
-    collectives) and ``outputs`` (results the program returns, computed so far)."""
+    collectives) and ``outputs`` (results the program returns, computed so far). ``argument_parts``: the
+    arguments by what they hold (parameters, optimizer_state, batch) when the program says (zoo steps do)."""
 
     arguments: int
     intermediates: int
     collective_buffers: int
     outputs: int
+    argument_parts: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
         return self.arguments + self.intermediates + self.collective_buffers + self.outputs
 
     def to_dict(self) -> dict[str, int]:
-        return {**asdict(self), "peak": self.peak}
+        parts = asdict(self)
+        return {**{k: v for k, v in parts.items() if k != "argument_parts"}, **parts["argument_parts"],
+                "peak": self.peak}
 
     def shortfall(self, capacity: float, device: str) -> str | None:
         """What to say when the peak does not fit in ``capacity`` bytes of ``device``; None when it fits."""
@@ -72,7 +76,10 @@ def memory(rg: RegionGraph) -> Memory:
             best = (sum(live), list(live))
         live = [a - b for a, b in zip(live, freed[position])]
     intermediates, buffers, outputs = best[1]
-    return Memory(sum(t.nbytes for t in graph.inputs), intermediates, buffers, outputs)
+    parts: dict[str, int] = {}
+    for role, t in zip(graph.input_roles or (), graph.inputs):
+        parts[role] = parts.get(role, 0) + t.nbytes
+    return Memory(sum(t.nbytes for t in graph.inputs), intermediates, buffers, outputs, parts)
 
 
 __all__ = ["Memory", "memory"]

@@ -88,3 +88,21 @@ def test_arguments_are_what_one_device_holds():
     tokens = 8 * 64 * 4 * 2                       # inputs and targets, i32
     assert dp == single - tokens * 3 // 4          # the same parameters, a quarter of the batch
     assert single / 4 < tp < single / 2           # attention and MLP split four ways, embeddings whole
+
+
+@pytest.mark.slow
+def test_a_zoo_steps_arguments_are_split_into_what_they_hold():
+    """Parameters, optimizer state and batch, from the roles the zoo writes into the module; a program that
+    says nothing has only its arguments."""
+    from hespas_ml.ingest import load_program
+    from hespas_ml.ingest.zoo import llama, parse_zoo_spec
+
+    spec = "zoo:llama?layers=2&d_model=128&heads=4&vocab=512&seq=64&batch=8&step=train&optimizer=adam"
+    m = memory(split_program(load_program(spec), "fusion"))
+    params = llama.parameter_count(parse_zoo_spec(spec)[1]) * 4
+    assert m.argument_parts == {"parameters": params, "optimizer_state": 2 * params + 4, "batch": 2 * 8 * 64 * 4}
+    assert sum(m.argument_parts.values()) == m.arguments and m.to_dict()["parameters"] == params
+    sharded = memory(split_program(load_program(f"{spec}&mesh=dp:2,tp:2&devices=4"), "fusion"))
+    assert sharded.argument_parts["batch"] == 2 * 4 * 64 * 4                    # half the batch per device
+    assert params / 2 < sharded.argument_parts["parameters"] < params           # attention and MLP halved
+    assert memory(split_program(parse_module(CHAIN), "fusion")).argument_parts == {}

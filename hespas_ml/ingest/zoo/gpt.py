@@ -158,4 +158,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
+    version=2,  # the module says what its arguments hold (hespas.argument_roles)
 )

@@ -137,6 +137,6 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
-    version=2,  # partitioned exports declare their device count
+    version=3,  # the module says what its arguments hold (hespas.argument_roles)
 )
 

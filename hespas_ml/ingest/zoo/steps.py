@@ -199,6 +199,13 @@ def _mesh_specs(tp_axes: Any, fsdp_axes: Any, shapes: Any) -> Any:
     return P(*dims)
 
 
+def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> list[tuple[str, int]]:
+    """What a step's arguments hold, in order: the parameters, the optimizer state, the batch (inputs and,
+    when training, the targets)."""
+    return [("parameters", len(jax.tree.leaves(shapes))), ("optimizer_state", len(jax.tree.leaves(opt))),
+            ("batch", len(model.inputs) + (1 if train else 0))]
+
+
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
                      name: str) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"dp": D, "fsdp": F, "tp": T}``, any
@@ -231,7 +238,7 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes))
     sharded = jax.shard_map(fn, mesh=abstract, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    return export_jax(sharded, *args, name=name)
+    return export_jax(sharded, *args, name=name, argument_roles=argument_roles(model, shapes, opt, train))
 
 
 def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int, parallel: str,
@@ -265,8 +272,9 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
 
     fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
+    roles = argument_roles(model, shapes, opt, train)
     if strategy == "none":
-        return export_jax(fn, *args, name=name)
+        return export_jax(fn, *args, name=name, argument_roles=roles)
     mesh = make_mesh(devices, partitioned=partitioned)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train
                 else (p_specs, in_batch))
@@ -279,8 +287,8 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     # check_vma=False: every collective is written out (gradients of replicated parameters stay
     # per-device until the explicit psum; the Collectives' custom gradients are the backward ones).
     sharded = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    return export_jax(sharded, *args, name=name)
+    return export_jax(sharded, *args, name=name, argument_roles=roles)
 
 
-__all__ = ["LayeredModel", "apply_update", "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes",
+__all__ = ["LayeredModel", "apply_update", "argument_roles", "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes",
            "param_axes", "param_shapes"]

@@ -162,5 +162,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
-    version=2,  # partitioned exports declare their device count
+    version=3,  # the module says what its arguments hold (hespas.argument_roles)
 )
