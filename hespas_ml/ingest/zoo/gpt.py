@@ -92,7 +92,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax.numpy as jnp
 
     from . import transformer as tf
-    from .steps import LayeredModel, export_mesh_step, export_step
+    from .steps import LayeredModel, export_family_step
 
     s = sizes(p)
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
@@ -133,12 +133,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         embed=embed, block=block, head=head, loss=tf.lm_loss,
         tp_layer={"wq": 1, "bq": 0, "wk": 1, "bk": 0, "wv": 1, "bv": 0, "wo": 0, "w1": 1, "b1": 0, "w2": 0},
     )
-    name = f"zoo_gpt_{p['step']}"
-    if p["mesh"]:
-        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=parse_mesh(p["mesh"]),
-                                scan=p["scan"], name=name)
-    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
-                       parallel=p["parallel"], scan=p["scan"], name=name)
+    return export_family_step(model, p, "gpt")
 
 
 def forward_flops(p: dict[str, Any]) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import check_heads, check_mesh, check_parallel, parse_mesh, swiglu_hidden
+from .checks import check_heads, check_mesh, check_parallel, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 
@@ -83,7 +83,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax.numpy as jnp
 
     from . import transformer as tf
-    from .steps import LayeredModel, export_mesh_step, export_step
+    from .steps import LayeredModel, export_family_step
 
     s = sizes(p)
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
@@ -112,11 +112,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         loss=tf.lm_loss,
         tp_layer={**tf.DECODER_ATTENTION_TP, "w_gate": 1, "w_up": 1, "w_down": 0},
     )
-    if p["mesh"]:
-        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=parse_mesh(p["mesh"]),
-                                scan=p["scan"], name=f"zoo_llama_{p['step']}")
-    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
-                       parallel=p["parallel"], scan=p["scan"], name=f"zoo_llama_{p['step']}")
+    return export_family_step(model, p, "llama")
 
 
 def forward_flops(p: dict[str, Any]) -> int:

@@ -121,7 +121,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax.numpy as jnp
 
     from . import transformer as tf
-    from .steps import LayeredModel, export_step
+    from .steps import LayeredModel, export_family_step
 
     s = sizes(p)
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
@@ -185,8 +185,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         tp_layer={**tf.DECODER_ATTENTION_TP, "w_gate": 2, "w_up": 2, "w_down": 1},
         ep_layer={"w_gate": 0, "w_up": 0, "w_down": 0},
     )
-    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
-                       parallel=p["parallel"], scan=p["scan"], name=f"zoo_moe_{p['step']}")
+    return export_family_step(model, p, "moe")
 
 
 ENTRY = ZooEntry(

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
-from .checks import MESH_AXES
+from .checks import MESH_AXES, parse_mesh
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
                        make_mesh, psum_replicated, spec)
 
@@ -290,5 +290,16 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     return export_jax(sharded, *args, name=name, argument_roles=roles)
 
 
-__all__ = ["LayeredModel", "apply_update", "argument_roles", "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes",
-           "param_axes", "param_shapes"]
+def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> str | bytes:
+    """The step a zoo family's parameters ``p`` ask for (``step``, ``optimizer``, ``scan``): on the mesh ``p``
+    names, else on ``devices`` shared as ``parallel`` says; the module is called ``zoo_<family>_<step>``."""
+    name = f"zoo_{family}_{p['step']}"
+    if p.get("mesh"):
+        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=parse_mesh(p["mesh"]),
+                                scan=p.get("scan", False), name=name)
+    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
+                       parallel=p["parallel"], scan=p.get("scan", False), name=name)
+
+
+__all__ = ["LayeredModel", "apply_update", "argument_roles", "export_family_step", "export_mesh_step", "export_step",
+           "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes"]

@@ -170,7 +170,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     from . import transformer as tf
     from .cnn_layers import conv2d
-    from .steps import LayeredModel, export_step
+    from .steps import LayeredModel, export_family_step
 
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
     group_norm = p["norm"] == "group"
@@ -225,8 +225,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         top=top, layer={}, layers=0, inputs=(images,), targets=labels,
         embed=forward, block=lambda lp, x, ctx, col: x, head=lambda t, x, ctx, col: x, loss=tf.cross_entropy,
     )
-    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
-                       parallel=p["parallel"], scan=False, name=f"zoo_unet_{p['step']}")
+    return export_family_step(model, p, "unet")
 
 
 ENTRY = ZooEntry(

@@ -92,7 +92,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     import jax.numpy as jnp
 
     from . import transformer as tf
-    from .steps import LayeredModel, export_step
+    from .steps import LayeredModel, export_family_step
 
     s = sizes(p)
     dtype = jnp.bfloat16 if p["dtype"] == "bf16" else jnp.float32
@@ -151,8 +151,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         embed=embed, block=block, head=head, loss=tf.cross_entropy,
         tp_layer={"wq": 1, "bq": 0, "wk": 1, "bk": 0, "wv": 1, "bv": 0, "wo": 0, "w1": 1, "b1": 0, "w2": 0},
     )
-    return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
-                       parallel=p["parallel"], scan=p["scan"], name=f"zoo_vit_{p['step']}")
+    return export_family_step(model, p, "vit")
 
 
 ENTRY = ZooEntry(
