@@ -14,7 +14,7 @@
     parallelism:                       # crossed with every zoo workload whose family takes devices
       - {devices: 4, parallel: dp}
       - {devices: 8, parallel: fsdp}
-      - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama)
+      - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama, gpt)
     targets: [H100, A100-80GB]         # presets or target YAML files
     costs: {H100: 2.5}                 # optional: $ per device-hour, per target
     fidelities: [default]              # default: surrogate:roofline once available, else roofline
