@@ -1,6 +1,6 @@
 """Import a device run's results as a measured dataset (datasets/measured/<name>/), with provenance.
 
-    python eval/device/collect.py --plan .device/plan RESULTS [RESULTS …] --out datasets/measured/h100-2026-11-26
+    python eval/device/collect.py --plan .device/plan RESULTS [RESULTS …] --out datasets/measured/h100-<date>
 
 RESULTS are results folders of eval/device/measure.py (later ones win where a region was timed twice).
 The output folder is a dataset folder (hespas_ml.label.dataset_tables.load_dataset reads it) plus steps.csv,
