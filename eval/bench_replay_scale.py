@@ -13,9 +13,12 @@ With ``--llama-ranks N`` (a multiple of 8) it also times a data-parallel Llama t
 (``switch:8x450,switch:<N/8>x50``): ``replay()``'s path (the fast replay) against the embedded replay's
 symmetric engine, in the same run. With ``--mesh70b MESH`` (e.g. ``dp:256,tp:8``) it times every stage of a
 Llama-3-70B-shaped training step (80 layers, scanned, bf16, 4,096 tokens per sequence, one sequence per data
-parallel rank) on that mesh's devices, and its replay against the symmetric engine's.
+parallel rank) on that mesh's devices, and its replay against the symmetric engine's. A mesh with ``pp``
+gives the issue's pipelined step instead (8,192 tokens per sequence, 16 sequences per data-parallel rank in
+microbatches of one, full recomputation), checked against the full engine (every rank) up to 256 ranks.
 
     python eval/bench_replay_scale.py [--full] [--repeat 3] [--llama-ranks 4096] [--mesh70b dp:256,tp:8]
+    python eval/bench_replay_scale.py --mesh70b pp:16,dp:128,tp:8 --mesh70b pp:4,dp:2,tp:8
 """
 from __future__ import annotations
 
@@ -44,6 +47,11 @@ def rank_trace(step: str):
     regions = pipeline.split(pipeline.ingest(q.program, q.system), q.split)
     times = pipeline.label(regions, q.fidelity, q.target)
     return pipeline.trace(regions, times).point.traces[0]
+
+
+def peak_mb() -> float:
+    """The process's peak memory so far (max RSS), MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def timed(fn, repeat: int):
@@ -76,11 +84,19 @@ LLAMA_70B = ("zoo:llama?layers=80&d_model=8192&heads=64&kv_heads=8&ffn=28672&voc
              "&step=train&mesh={mesh}&devices={n}&dtype=bf16&scan=true")
 
 
+LLAMA_70B_PIPELINE = ("zoo:llama?layers=80&d_model=8192&heads=64&kv_heads=8&ffn=28672&vocab=128256&seq=8192"
+                      "&batch={batch}&microbatch=1&dtype=bf16&step=train&remat=full&mesh={mesh}&devices={n}")
+FULL_ENGINE_RANKS = 256          # up to this many ranks a pipeline's replay is checked against every rank's
+
+
 def mesh_figures(mesh: str) -> None:
     from math import prod
     sizes = {k: int(v) for k, v in (part.split(":") for part in mesh.split(","))}
     n = prod(sizes.values())
-    spec = LLAMA_70B.format(batch=sizes.get("dp", 1) * sizes.get("fsdp", 1), mesh=mesh, n=n)
+    if sizes.get("pp", 1) > 1:      # the issue's 70B step: 16 sequences per data-parallel rank, microbatches of 1
+        spec = LLAMA_70B_PIPELINE.format(batch=16 * sizes.get("dp", 1) * sizes.get("fsdp", 1), mesh=mesh, n=n)
+    else:
+        spec = LLAMA_70B.format(batch=sizes.get("dp", 1) * sizes.get("fsdp", 1), mesh=mesh, n=n)
     t = time.perf_counter()
     q = pipeline.Question.resolve(spec, "H100", f"switch:8x450,switch:{n // 8}x50")
     stages = {"resolve": time.perf_counter() - t}
@@ -101,12 +117,20 @@ def mesh_figures(mesh: str) -> None:
     stages["replay"] = time.perf_counter() - t
     print(f"Llama-3-70B-shaped training step on {mesh} ({n} ranks, {q.system.source}), "
           f"{len(traces.point.traces[0])} nodes per rank")
-    print("  " + "   ".join(f"{k} {v:.2f} s" for k, v in stages.items()) + f"   engine {step.engine}")
+    print("  " + "   ".join(f"{k} {v:.2f} s" for k, v in stages.items()) + f"   engine {step.engine}"
+          f"   step {step.step_time_s:.4f} s   peak memory {peak_mb():.0f} MB")
+    if sizes.get("pp", 1) > 1:      # send/recv: the symmetric engine does not apply, the full engine does
+        if n > FULL_ENGINE_RANKS:
+            print(f"  (the full engine is run up to {FULL_ENGINE_RANKS} ranks: e.g. --mesh70b pp:4,dp:2,tp:8)\n")
+            return
+        engine, name = "full", "full, every rank"
+    else:
+        engine, name = "symmetric", "symmetric"
     seconds, ref = timed(lambda: replay_embedded(traces.point.traces, q.system, traces.point.comm_groups or None,
-                                                 engine="symmetric"), 1)
+                                                 engine=engine), 1)
     same = [(r.finish_ns, r.exposed_comm_ns) for r in ref.ranks] == \
            [(r.finish_ns, r.exposed_comm_ns) for r in step.result.ranks]
-    print(f"  embedded, symmetric (baseline) {seconds:.2f} s   step {ref.step_time_s * 1e3:.6f} ms; replay() "
+    print(f"  embedded, {name} (baseline) {seconds:.2f} s   step {ref.step_time_s * 1e3:.6f} ms; replay() "
           f"{step.step_time_s * 1e3:.6f} ms; every rank's finish and exposed time equal: {'yes' if same else 'NO'}\n")
 
 
@@ -115,12 +139,13 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="also time the full engine on the training step (minutes)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3; the full engine once)")
     ap.add_argument("--llama-ranks", type=int, default=0, help="also a data-parallel Llama step on this many ranks")
-    ap.add_argument("--mesh70b", metavar="MESH", help="also every stage of a 70B-shaped Llama step on this mesh")
+    ap.add_argument("--mesh70b", metavar="MESH", action="append", default=[],
+                    help="also every stage of a 70B-shaped Llama step on this mesh (repeatable)")
     args = ap.parse_args()
     if args.llama_ranks:
         llama_figures(args.llama_ranks)
-    if args.mesh70b:
-        mesh_figures(args.mesh70b)
+    for mesh in args.mesh70b:
+        mesh_figures(mesh)
     system = load_system(SYSTEM)
     print(f"system {SYSTEM.name}: {system.n_npus} ranks")
     for step in ("train", "infer"):
@@ -138,7 +163,7 @@ def main() -> int:
             steps.add(max(r.finish_ns for r in res.ranks))
             print(f"  {name:<27} {seconds:8.3f} s   engine {res.details.get('engine')}   step {res.step_time_s * 1e3:.6f} ms")
         print(f"  same step time to the nanosecond: {'yes' if len(steps) == 1 else 'NO: ' + str(sorted(steps))}")
-    print(f"\npeak memory (max RSS) {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(f"\npeak memory (max RSS) {peak_mb():.0f} MB")
     return 0
 
 

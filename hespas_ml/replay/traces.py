@@ -146,8 +146,10 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     # every rank has run the same nodes (uniform), the ranks share one such map and one trace (template),
     # in which a collective node that names a communicator group stands for one node per group (variants:
     # its position and every rank's node); a program uniform to the end gives a RankTraces, which makes a
-    # rank's list when asked, so a step of thousands of ranks costs one rank's work. The first collective
-    # some ranks sit out, or collective permute, gives each rank its own map and list from then on.
+    # rank's list when asked, so a step of thousands of ranks costs one rank's work. A collective permute in
+    # which every rank sends once and receives once (a ring) is two such variant nodes, SEND and RECV. The
+    # first collective some ranks sit out, or another permute, gives each rank its own map and list from
+    # then on.
     uniform = True
     done: list[dict[tuple, list[int]]] = [{}] * n
     template: list[EtNode] = []
@@ -260,6 +262,28 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
                 finish(rank, inst, [nid])
             continue
         c = r.collective
+        if c.kind == "collective_permute" and uniform and _is_ring(c.pairs, n):
+            # every rank sends once and receives once: the same two nodes on every rank (variants)
+            size = max(1, int(c.comm_bytes))
+            dst = {src: d for src, d in c.pairs}
+            src_of = {d: src for src, d in c.pairs}
+            for rep in range(inst.times):
+                permute_count += 1
+                deps = dep_nodes(0, inst) if rep == 0 else done[0][(r.id, inst.key)]
+                sid = next_id
+                next_id += 2
+                for node_id, kind, name, peers in ((sid, chakra.COMM_SEND_NODE, f"send_{r.id}", dst),
+                                                   (sid + 1, chakra.COMM_RECV_NODE, f"recv_{r.id}", src_of)):
+                    per_rank = []
+                    for rank in range(n):
+                        src, dst_rank = (rank, peers[rank]) if kind == chakra.COMM_SEND_NODE else (peers[rank], rank)
+                        per_rank.append(EtNode(node_id, name, kind, deps, [], 0,
+                                               {"comm_src": src, "comm_dst": dst_rank, "comm_size": size,
+                                                "comm_tag": permute_count}))
+                    template.append(per_rank[0])
+                    variants.append((len(template) - 1, per_rank))
+                finish(0, inst, [sid, sid + 1])
+            continue
         if c.kind == "collective_permute":
             diverge()
             for rep in range(inst.times):
@@ -320,6 +344,16 @@ def build_traces(rg: RegionGraph, region_seconds: Sequence[float], n_ranks: int 
     return TraceSet(traces, groups, exact_total, encoded, region_of_node)
 
 
+def _is_ring(pairs, n: int) -> bool:
+    """Whether a collective permute's ``pairs`` make every one of ``n`` ranks send once and receive once."""
+    if len(pairs) != n:
+        return False
+    sources = {src for src, _ in pairs}
+    targets = {dst for _, dst in pairs}
+    return len(sources) == len(targets) == n and all(0 <= r < n for r in sources | targets) and \
+        all(src != dst for src, dst in pairs)
+
+
 def _order_communication(traces: list[list[EtNode]], start: int = 0) -> None:
     """Issue each device's collectives and sends in program order (a ctrl_dep on the previous one).
 
@@ -345,10 +379,15 @@ def _permute_nodes(traces, inst, c, next_id: int, tag: int, deps_of, finish) -> 
     size = max(1, int(c.comm_bytes))
     pairs = [(src, dst) for src, dst in c.pairs if src != dst and src < n and dst < n]
     ids = {pair: next_id + 2 * i for i, pair in enumerate(pairs)}
+    ends: dict[int, list[tuple[int, int, int]]] = {}      # rank -> its (src, dst, send id) in pair order
+    for (src, dst), sid in ids.items():
+        ends.setdefault(src, []).append((src, dst, sid))
+        if dst != src:
+            ends.setdefault(dst, []).append((src, dst, sid))
     for rank in range(n):
         deps = deps_of(rank)
         mine: list[int] = []
-        for (src, dst), sid in ids.items():
+        for src, dst, sid in ends.get(rank, ()):
             attrs = {"comm_src": src, "comm_dst": dst, "comm_size": size, "comm_tag": tag}
             if src == rank:
                 traces[rank].append(EtNode(sid, f"send_{r.id}", chakra.COMM_SEND_NODE, deps, [], 0, attrs))

@@ -1,4 +1,6 @@
-"""Every way to lay one zoo program out on N devices, ranked: the dp × fsdp × tp meshes its family accepts.
+"""Every way to lay one zoo program out on N devices, ranked: the pp × dp × fsdp × tp meshes its family accepts.
+
+A pipeline (pp > 1) runs microbatches of one sequence unless the program names its own ``microbatch``.
 
 Each mesh is checked by the family's own rules (an impossible one says why), then ingested and split; a
 layout whose per-device memory does not fit the target is reported without being timed; the rest are
@@ -41,14 +43,19 @@ class Layout:
 
 
 def meshes(devices: int) -> list[dict[str, int]]:
-    """Every (dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order."""
+    """Every (pp, dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order (without a
+    pipeline first)."""
     out = []
-    for tp in range(1, devices + 1):
-        if devices % tp:
+    for pp in range(1, devices + 1):
+        if devices % pp:
             continue
-        for fsdp in range(1, devices // tp + 1):
-            if (devices // tp) % fsdp == 0:
-                out.append({"dp": devices // tp // fsdp, "fsdp": fsdp, "tp": tp})
+        rest = devices // pp
+        for tp in range(1, rest + 1):
+            if rest % tp:
+                continue
+            for fsdp in range(1, rest // tp + 1):
+                if (rest // tp) % fsdp == 0:
+                    out.append({"pp": pp, "dp": rest // tp // fsdp, "fsdp": fsdp, "tp": tp})
     return out
 
 
@@ -61,7 +68,8 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
     if ZOO[family].param("mesh") is None:
         raise LayoutError(f"{program}: {family} takes no mesh (families that do: "
                           f"{', '.join(n for n, e in ZOO.items() if e.param('mesh') is not None)})")
-    if named_params(program) & {"devices", "parallel", "mesh"}:
+    named = named_params(program)
+    if named & {"devices", "parallel", "mesh"}:
         raise LayoutError(f"{program}: leave devices, parallel and mesh out: the layouts set them")
     if question.system is None or question.system.n_npus != devices:
         raise LayoutError(f"the system must have the {devices} devices the layouts span")
@@ -73,6 +81,8 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
         for mesh in candidates:
             text = format_mesh(mesh)
             spec = f"{program}{sep}mesh={text}&devices={devices}"
+            if mesh["pp"] > 1 and "microbatch" not in named:
+                spec += "&microbatch=1"
             bar.set_postfix_str(text, refresh=False)
             out.append(_layout(spec, text, question, peak))
             bar.update(1)

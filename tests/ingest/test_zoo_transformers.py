@@ -79,7 +79,13 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:moe?group=64&seq=16&batch=8&devices=4&parallel=ep", "group=64 does not divide the 32 tokens of a device"),
     ("zoo:llama?heads=8&kv_heads=8&mesh=dp:2,tp:16&devices=32", "tp 16 does not divide heads 8"),
     ("zoo:llama?mesh=dp:2,tp:4&devices=4", "mesh=dp:2,tp:4 spans 8 devices, not devices=4"),
-    ("zoo:llama?mesh=pp:2&devices=2", "mesh axis 'pp' is not one of dp, fsdp, tp"),
+    ("zoo:llama?mesh=sp:2&devices=2", "mesh axis 'sp' is not one of pp, dp, fsdp, tp"),
+    ("zoo:llama?layers=4&mesh=pp:3&devices=3", "pp 3 does not divide layers 4"),
+    ("zoo:llama?batch=8&mesh=pp:2,dp:2&devices=4&microbatch=3",
+     "microbatch 3 does not divide the 4 sequences each dp × fsdp shard holds"),
+    ("zoo:llama?devices=4&parallel=dp-partitioned&remat=full", "write mesh=dp:4 instead of parallel=dp-partitioned"),
+    ("zoo:llama?mesh=pp:2&devices=2&schedule=1f1b", "schedule=1f1b is not one of gpipe"),
+    ("zoo:gpt?remat=most", "remat=most is not one of none, selective, full"),
     ("zoo:llama?mesh=dp:2,dp:2&devices=4", "mesh axis 'dp' is given twice"),
     ("zoo:llama?mesh=dp:3,tp:2&devices=6&batch=8", "dp × fsdp = 3 does not divide batch 8"),
     ("zoo:llama?mesh=dp:2,tp:4&devices=8&parallel=tp", "leave parallel=tp out"),
@@ -168,24 +174,73 @@ def test_llama_fsdp_gathers_parameters_and_reduce_scatters_gradients():
     assert len(kinds(gi, "all_gather")) == n_leaves and not kinds(gi, "reduce_scatter")
 
 
-def test_llama_tp_all_reduces_after_attention_and_mlp():
+def test_llama_tp_all_reduces_after_attention_and_mlp_and_splits_the_vocabulary():
     gi = load(f"{LLAMA}&devices=2&parallel=tp&step=infer")
-    assert len(kinds(gi, "all_reduce")) == 2 * 2             # attention-out and MLP-down of each layer
+    # attention-out and MLP-down of each layer, and the embedding (each device looks up its own rows)
+    assert len(kinds(gi, "all_reduce")) == 2 * 2 + 1
     assert all(str(op.result_types[0]) == "8x16x64xf32" for op in kinds(gi, "all_reduce"))
     g = load(f"{LLAMA}&devices=2&parallel=tp")
-    assert len(kinds(g, "all_reduce")) == 4 * 2              # and their mirror images in the backward pass
-    # heads split: wk [64, 32] -> [64, 16], wo [64, 64] -> [32, 64]; MLP [64, 128] -> [64, 64]
+    # and their mirror images backward with the head's input gradient; the vocabulary-parallel loss sums the
+    # maximum, the exponentials and the targets' logits over the devices
+    shapes = sorted(str(op.result_types[0]) for op in kinds(g, "all_reduce"))
+    assert shapes == ["8x16x64xf32"] * 10 + ["8x16xf32"] * 3
+    # heads split: wk [64, 32] -> [64, 16], wo [64, 64] -> [32, 64]; MLP [64, 128] -> [64, 64]; the LM head
+    # [64, 256] -> [64, 128] and the embedding table [256, 64] -> [128, 64]
     operands = dot_operands(g)
-    assert {t(64, 16, "f32"), t(32, 64, "f32"), t(64, 64, "f32")} <= operands
-    assert t(64, 128, "f32") not in operands and t(128, 64, "f32") not in operands
-    assert t(64, 256, "f32") in operands                     # the LM head is replicated
-    # per device: the sharded matmuls halve, embedding/LM head are replicated
-    full = llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8)
-    head = 2 * 8 * 16 * 64 * 256
-    assert matrix_flops(g) == pytest.approx(3 * ((full - head) / 2 + head), rel=1e-9)
+    assert {t(64, 16, "f32"), t(32, 64, "f32"), t(64, 64, "f32"), t(64, 128, "f32")} <= operands
+    assert t(64, 256, "f32") not in operands and t(128, 64, "f32") in g.inputs and t(256, 64, "f32") not in g.inputs
+    # per device every matmul halves, the LM head's too
+    assert matrix_flops(g) == pytest.approx(3 * llama_forward_flops(2, 64, 4, 2, 128, 256, 16, 8) / 2, rel=1e-9)
 
 
 # -- gpt ----------------------------------------------------------------------------------------------
+
+VOCAB_PARALLEL_CHECK = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from hespas_ml.ingest.zoo import transformer as tf
+from hespas_ml.ingest.zoo.parallel import Collectives
+
+V, D, B, S, T = 64, 8, 2, 5, 4
+k = jax.random.split(jax.random.PRNGKey(0), 3)
+table = jax.random.normal(k[0], (V, D))
+head = jax.random.normal(k[1], (D, V))
+tokens = jax.random.randint(k[2], (B, S), 0, V)
+targets = (tokens * 7 + 3) % V
+
+def plain(table, head):
+    x = jnp.take(table, tokens, axis=0)
+    return tf.lm_loss(jnp.tanh(x) @ head, targets)
+
+mesh = Mesh(np.array(jax.devices()[:T]), ("tp",))
+col = Collectives("mesh", T, mesh_axes={"tp": "tp"})
+
+def split(table, head):
+    x = tf.vocab_embed(table, tokens, col)
+    return tf.vocab_loss(tf.vocab_head(jnp.tanh(x), head, col), targets, col)
+
+sharded = jax.shard_map(jax.value_and_grad(split, argnums=(0, 1)), mesh=mesh,
+                        in_specs=(P("tp", None), P(None, "tp")), out_specs=(P(), (P("tp", None), P(None, "tp"))),
+                        check_vma=False)
+(l1, (g1t, g1h)) = jax.value_and_grad(plain, argnums=(0, 1))(table, head)
+(l2, (g2t, g2h)) = sharded(table, head)
+np.testing.assert_allclose(l1, l2, rtol=1e-5)
+np.testing.assert_allclose(g1t, g2t, rtol=1e-4, atol=1e-6)
+np.testing.assert_allclose(g1h, g2h, rtol=1e-4, atol=1e-6)
+"""
+
+
+def test_the_vocabulary_parallel_embedding_head_and_loss_equal_the_whole_ones():
+    """On 4 host devices: the loss and the gradients of the embedding table and the head, split over the
+    vocabulary as Megatron splits them, equal those of the whole table and head on one device."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", VOCAB_PARALLEL_CHECK], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
 
 def test_gpt_pads_its_vocabulary_as_megatron_does():
     def padded(spec):
@@ -212,11 +267,13 @@ def test_gpt_inference_step_flops_and_parameters():
 
 def test_gpt_tp_adds_each_split_layers_bias_once_after_its_all_reduce():
     g = load(f"{GPT}&devices=2&parallel=tp")
-    assert len(kinds(g, "all_reduce")) == 4 * 2              # attention-out and MLP-down, forward and backward
+    # attention-out and MLP-down, forward and backward; the embedding, the head's input gradient and the
+    # vocabulary-parallel loss's three sums
+    assert len(kinds(g, "all_reduce")) == 4 * 2 + 1 + 1 + 3
     operands = dot_operands(g)
     assert {t(64, 32, "f32"), t(32, 64, "f32"), t(64, 128, "f32"), t(128, 64, "f32")} <= operands
-    full, head = gpt_family.forward_flops(parse_zoo_spec(GPT)[1]), 2 * 8 * 16 * 64 * 1024
-    assert matrix_flops(g) == pytest.approx(3 * ((full - head) / 2 + head), rel=1e-9)
+    assert t(64, 512, "f32") in operands                     # the tied head: half of the padded 1,024 columns
+    assert matrix_flops(g) == pytest.approx(3 * gpt_family.forward_flops(parse_zoo_spec(GPT)[1]) / 2, rel=1e-9)
     one = load(GPT)
     assert len(one.inputs) == len(g.inputs)                  # the same parameters, split or replicated
 

@@ -87,6 +87,34 @@ def test_collective_permute_becomes_matched_send_recv_pairs():
         assert rv.id in exp_node.data_deps
 
 
+def ring_permute(pairs: str) -> str:
+    return PERMUTE.replace("[[0, 1], [1, 2], [2, 3], [3, 0]]", pairs)
+
+
+@pytest.mark.parametrize("pairs, system, engine", [
+    ("[[0, 1], [1, 2], [2, 3], [3, 0]]", "switch:4x100", "fast"),          # every message alike
+    # 1 -> 3 and 2 -> 0 cross the second dimension, 0 -> 1 and 3 -> 2 the first: ranks are not alike
+    ("[[0, 1], [1, 3], [3, 2], [2, 0]]", "switch:2x100,switch:2x25", "full"),
+])
+def test_a_ring_of_sends_is_one_shared_trace_replayed_exactly(pairs, system, engine):
+    from hespas_ml.replay import load_system
+    from hespas_ml.replay.embedded import replay_embedded
+    from hespas_ml.replay.fast import replay_fast
+
+    rg = split_program(parse_module(ring_permute(pairs), "perm"))
+    ts = build_traces(rg, [3e-6] * len(rg.regions))
+    assert isinstance(ts.traces, chakra.RankTraces)             # one trace: the SEND and RECV are variants
+    for rank, trace in enumerate(ts.traces):
+        (send,) = [n for n in trace if n.type == chakra.COMM_SEND_NODE]
+        (recv,) = [n for n in trace if n.type == chakra.COMM_RECV_NODE]
+        assert send.attrs["comm_src"] == rank == recv.attrs["comm_dst"]
+    cfg = load_system(system)
+    fast = replay_fast(ts.traces, cfg, ts.comm_groups, ts.replay_plan())
+    every_rank = replay_embedded(ts.traces, cfg, ts.comm_groups)
+    assert fast.details["engine"] == engine and every_rank.details["engine"] == "full"
+    assert fast.ranks == every_rank.ranks
+
+
 def test_traces_round_trip_through_et_files(tmp_path):
     rg = split_program(parse_file(shared_path("mlir", "jax_example.mlir")))
     ts = build_traces(rg, [1.5e-6] * len(rg.regions), n_ranks=2)

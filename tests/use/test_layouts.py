@@ -1,4 +1,5 @@
-"""Layouts: every dp x fsdp x tp mesh of a zoo program on N devices, ranked; impossible and too-big ones said."""
+"""Layouts: every pp x dp x fsdp x tp mesh of a zoo program on N devices, ranked; impossible and too-big ones
+said."""
 from __future__ import annotations
 
 import json
@@ -18,21 +19,26 @@ SYSTEM = "switch:4x450,switch:2x50"
 
 
 def test_meshes_are_every_factorisation():
-    assert [tuple(m.values()) for m in meshes(4)] == [(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2), (1, 1, 4)]
-    assert all(m["dp"] * m["fsdp"] * m["tp"] == 12 for m in meshes(12)) and len(meshes(12)) == 18
+    assert [tuple(m.values()) for m in meshes(4)] == [
+        (1, 4, 1, 1), (1, 2, 2, 1), (1, 1, 4, 1), (1, 2, 1, 2), (1, 1, 2, 2), (1, 1, 1, 4),
+        (2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 1, 2), (4, 1, 1, 1)]
+    assert all(m["pp"] * m["dp"] * m["fsdp"] * m["tp"] == 12 for m in meshes(12)) and len(meshes(12)) == 40
 
 
 def test_layouts_are_ranked_by_step_time_as_simulate_times_them():
     ranked = rank_layouts(LLAMA, 8, Question.resolve(None, "H100", SYSTEM))
     ok = [lay for lay in ranked if lay.status == "ok"]
-    assert len(ok) == 9 and [lay.step_time_s for lay in ok] == sorted(lay.step_time_s for lay in ok)
+    assert len(ok) == 15 and [lay.step_time_s for lay in ok] == sorted(lay.step_time_s for lay in ok)
+    assert sum("pp:2" in lay.mesh for lay in ok) == 6 and all("microbatch=1" in lay.program
+                                                             for lay in ok if "pp:" in lay.mesh)
     for lay in (ok[0], ok[-1]):
         res = simulate(lay.program, target="H100", system=SYSTEM)
         assert (res.step_time_s, res.exposed_comm_s, res.peak_memory_bytes) == \
                (lay.step_time_s, lay.exposed_comm_s, lay.peak_memory_bytes)
         assert 0 < lay.utilisation < 1
     invalid = [lay for lay in ranked if lay.status == "invalid"]
-    assert [(lay.mesh, lay.reason) for lay in invalid] == [("tp:8", "tp 8 does not divide heads 4")]
+    assert [(lay.mesh, lay.reason) for lay in invalid] == [("tp:8", "tp 8 does not divide heads 4")] + [
+        (mesh, f"pp {mesh[3]} does not divide layers 2") for mesh in ("pp:4,dp:2", "pp:4,fsdp:2", "pp:4,tp:2", "pp:8")]
 
 
 def test_a_layout_that_does_not_fit_is_not_timed():
@@ -60,5 +66,5 @@ def test_the_readmes_layouts_line(capsys):
     command = readme_command("hespas-ml layouts")
     assert main([*command, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["devices"] == 8 and len(data["layouts"]) == 10 and data["layouts"][0]["status"] == "ok"
+    assert data["devices"] == 8 and len(data["layouts"]) == 20 and data["layouts"][0]["status"] == "ok"
     assert main(command) == 0 and "rank  mesh" in capsys.readouterr().out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .base import ZooParam
+
 
 def swiglu_hidden(d_model: int, multiple: int = 128) -> int:
     """Llama's SwiGLU hidden size: 8/3 · d_model rounded up to a multiple of ``multiple``."""
@@ -43,8 +45,25 @@ def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str
     return None
 
 
-MESH_AXES = ("dp", "fsdp", "tp")
-"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), ``dp`` outermost."""
+MESH_AXES = ("pp", "dp", "fsdp", "tp")
+"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), then fsdp and dp,
+pipeline stages (``pp``) outermost."""
+
+
+MESH_PARAMS = (
+    ZooParam("mesh", str, "", "several of pp, dp, fsdp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 (their "
+             "product is devices; tp innermost, pp outermost); empty: the one axis of parallel", optional=True),
+    ZooParam("microbatch", int, 0, "sequences per microbatch (0: the whole local batch at once); the local "
+             "batch (batch / dp·fsdp) is cut into microbatches: a pipeline's (pp), else accumulated gradients",
+             minimum=0, maximum=1 << 20, optional=True),
+    ZooParam("schedule", str, "gpipe", "pipeline schedule under pp: gpipe (every microbatch forward, then "
+             "every microbatch backward)", choices=("gpipe",), optional=True),
+    ZooParam("remat", str, "none", "activation recomputation: none, selective (projections kept, attention "
+             "recomputed) or full (each block's input kept)", choices=("none", "selective", "full"),
+             optional=True),
+)
+"""The parameters of a family laid out on a mesh of several axes (llama, gpt): the mesh, microbatches, the
+pipeline schedule and activation recomputation, all left out of the canonical spec at their defaults."""
 
 
 def format_mesh(mesh: dict[str, int]) -> str:
@@ -60,7 +79,8 @@ def parse_mesh(text: str) -> dict[str, int]:
         axis, _, size = item.partition(":")
         axis = axis.strip()
         if axis not in MESH_AXES:
-            raise ValueError(f"mesh axis '{axis}' is not one of {', '.join(MESH_AXES)} (write e.g. mesh=dp:2,tp:4)")
+            raise ValueError(f"mesh axis '{axis}' is not one of {', '.join(MESH_AXES)} "
+                             "(write e.g. mesh=dp:2,tp:4 or pp:4,dp:2,tp:8)")
         if axis in out:
             raise ValueError(f"mesh axis '{axis}' is given twice")
         if not size.strip().isdigit() or int(size) < 1:
@@ -69,24 +89,54 @@ def parse_mesh(text: str) -> dict[str, int]:
     return out
 
 
+def mesh_of(p: dict[str, Any]) -> dict[str, int]:
+    """The mesh a step runs on: ``p["mesh"]`` parsed, else the one axis of an explicit ``parallel`` over
+    several devices (``{"tp": 8}``), else ``{}``."""
+    if p.get("mesh"):
+        return parse_mesh(p["mesh"])
+    strategy = p.get("parallel", "dp")
+    if p.get("devices", 1) > 1 and strategy in MESH_AXES:
+        return {strategy: p["devices"]}
+    return {}
+
+
+def microbatch_count(p: dict[str, Any], mesh: dict[str, int], batch_key: str = "batch") -> int:
+    """How many microbatches a step's local batch is cut into: the batch over dp × fsdp, over
+    ``p["microbatch"]`` sequences each (0 or absent: one)."""
+    size = p.get("microbatch") or 0
+    if not size:
+        return 1
+    return p[batch_key] // (mesh.get("dp", 1) * mesh.get("fsdp", 1)) // size
+
+
 def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
     """A message when ``p["mesh"]`` cannot lay out the step: its product is not ``devices``, it is given
-    with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch."""
+    with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch,
+    pp does not divide the layers; or when ``microbatch`` does not divide the local batch."""
     try:
         mesh = parse_mesh(p["mesh"])
     except ValueError as exc:
         return str(exc)
-    if not mesh:
-        return None
-    if p["parallel"] != "dp":
-        return f"mesh={p['mesh']} lays out the devices itself: leave parallel={p['parallel']} out"
-    n = math.prod(mesh.values())
-    if n != p["devices"]:
-        return f"mesh={p['mesh']} spans {n} devices, not devices={p['devices']}"
-    for name, size in tp_dims.items():
-        if size % mesh.get("tp", 1):
-            return f"tp {mesh['tp']} does not divide {name} {size}"
+    if mesh:
+        if p["parallel"] != "dp":
+            return f"mesh={p['mesh']} lays out the devices itself: leave parallel={p['parallel']} out"
+        n = math.prod(mesh.values())
+        if n != p["devices"]:
+            return f"mesh={p['mesh']} spans {n} devices, not devices={p['devices']}"
+        for name, size in tp_dims.items():
+            if size % mesh.get("tp", 1):
+                return f"tp {mesh['tp']} does not divide {name} {size}"
+        if p.get("layers", 1) % mesh.get("pp", 1):
+            return f"pp {mesh['pp']} does not divide layers {p['layers']}"
+    elif (p.get("microbatch") or p.get("remat", "none") != "none") and p["devices"] > 1 \
+            and p["parallel"] not in MESH_AXES:
+        return (f"microbatch and remat run on a mesh: write mesh={p['parallel'].removesuffix('-partitioned')}:"
+                f"{p['devices']} instead of parallel={p['parallel']}")
     shards = mesh.get("dp", 1) * mesh.get("fsdp", 1)
     if p[batch_key] % shards:
         return f"dp × fsdp = {shards} does not divide {batch_key} {p[batch_key]}"
+    size = p.get("microbatch") or 0
+    if size and (p[batch_key] // shards) % size:
+        return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each dp × fsdp shard "
+                f"holds ({batch_key} {p[batch_key]} over {shards})")
     return None

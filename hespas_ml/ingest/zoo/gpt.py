@@ -9,9 +9,12 @@ vocabulary is padded as Megatron-LM pads it: up to a multiple of 128 × the tens
 ``scan=true`` runs the layers as one ``lax.scan``.
 
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (explicit collectives) or the same with
-``-partitioned``; ``mesh=dp:D,fsdp:F,tp:T`` uses several at once. Under tp the heads and the MLP hidden units
-are split (Megatron), the embeddings and the head replicated, and a split layer's output bias is added once,
-after its all-reduce.
+``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe pipeline of
+``microbatch``-sized microbatches (a tied embedding's gradient summed over the stages), and ``remat``
+recomputes activations backward (see :mod:`.llama`). Under tp the heads and the MLP hidden units are split
+(Megatron), and so are the token embedding (by vocabulary rows) and the head (by columns), with Megatron's
+vocabulary-parallel cross-entropy; the position embedding is replicated, and a split layer's output bias is
+added once, after its all-reduce.
 
 Example sizes: GPT-2 small is the default (124M parameters); Megatron-LM's 1.7B GPT is
 ``layers=24&d_model=2304&heads=24&seq=2048``, its 8.3B ``layers=72&d_model=3072&heads=32&seq=2048``.
@@ -22,7 +25,7 @@ import math
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import check_heads, check_mesh, check_parallel, parse_mesh
+from .checks import MESH_PARAMS, check_heads, check_mesh, check_parallel, parse_mesh
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 VOCAB_MULTIPLE = 128          # Megatron-LM's make-vocab-size-divisible-by
@@ -44,8 +47,7 @@ PARAMS = (
     ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
-    ZooParam("mesh", str, "", "several of dp, fsdp, tp at once, e.g. dp:16,tp:8 (their product is devices; "
-             "tp innermost, dp outermost); empty: the one axis of parallel", optional=True),
+    *MESH_PARAMS,
 )
 
 
@@ -83,7 +85,7 @@ def check(p: dict[str, Any]) -> str | None:
     tp = {"heads": p["heads"], "ffn": sizes(p)["ffn"]}
     if p["mesh"]:
         return check_mesh(p, tp_dims=tp)
-    return check_parallel(p, tp_dims=tp)
+    return check_parallel(p, tp_dims=tp) or check_mesh(p, tp_dims=tp)
 
 
 def generate(p: dict[str, Any]) -> str | bytes:
@@ -110,7 +112,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     def embed(t, inputs, col):
         (tokens,) = inputs
-        return jnp.take(t["embed"], tokens, axis=0) + t["pos"][None, :tokens.shape[1]], None
+        return tf.vocab_embed(t["embed"], tokens, col) + t["pos"][None, :tokens.shape[1]], None
 
     def block(lp, x, ctx, col):
         b, n, _ = x.shape
@@ -125,13 +127,14 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     def head(t, x, ctx, col):
         x = tf.layer_norm(x, t["lnf_g"], t["lnf_b"])
-        return x @ (t["embed"].T if tied else t["head"])
+        return tf.vocab_head(x, t["embed"].T if tied else t["head"], col)
 
     tokens = jax.ShapeDtypeStruct((p["batch"], p["seq"]), jnp.int32)
     model = LayeredModel(
         top=top, layer=layer, layers=p["layers"], inputs=(tokens,), targets=tokens,
-        embed=embed, block=block, head=head, loss=tf.lm_loss,
+        embed=embed, block=block, head=head, loss=tf.vocab_loss, tp_top=tf.VOCAB_PARALLEL_TP,
         tp_layer={"wq": 1, "bq": 0, "wk": 1, "bk": 0, "wv": 1, "bv": 0, "wo": 0, "w1": 1, "b1": 0, "w2": 0},
+        pp_shared=("embed",) if tied else (),
     )
     return export_family_step(model, p, "gpt")
 
@@ -153,5 +156,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
-    version=2,  # the module says what its arguments hold (hespas.argument_roles)
+    version=3,  # under tp the vocabulary is split (embedding, head, cross-entropy)
 )

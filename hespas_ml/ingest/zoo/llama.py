@@ -9,8 +9,11 @@ next-token cross-entropy. ``scan=true`` runs the layers as one ``lax.scan`` over
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (shard_map with explicit collectives) or
 ``dp-partitioned`` | ``fsdp-partitioned`` | ``tp-partitioned`` (XLA's SPMD partitioner); see
 :mod:`.parallel`. Under ``tp`` the query/key/value heads and the MLP hidden units are split (Megatron),
-embedding and LM head are replicated. ``mesh=dp:D,fsdp:F,tp:T`` (any of them; D·F·T = devices) uses several
-at once (:func:`~.steps.export_mesh_step`).
+and so are the embedding (by vocabulary rows) and the LM head (by vocabulary columns), with Megatron's
+vocabulary-parallel cross-entropy. ``mesh=pp:S,dp:D,fsdp:F,tp:T`` (any of them; S·D·F·T = devices) uses
+several at once (:func:`~.steps.export_mesh_step`): ``pp`` splits the layers into S consecutive stages run as
+a GPipe pipeline of the microbatches ``microbatch`` makes (without pp they accumulate gradients);
+``remat=selective|full`` recomputes activations backward.
 
 Example sizes: the defaults have ~20M parameters; Llama-3.2-3B is
 ``layers=28&d_model=3072&heads=24&kv_heads=8&ffn=8192&vocab=128256&tied=true``.
@@ -20,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import check_heads, check_mesh, check_parallel, swiglu_hidden
+from .checks import MESH_PARAMS, check_heads, check_mesh, check_parallel, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 
@@ -44,8 +47,7 @@ PARAMS = (
     ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
-    ZooParam("mesh", str, "", "several of dp, fsdp, tp at once, e.g. dp:16,tp:8 (their product is devices; "
-             "tp innermost, dp outermost); empty: the one axis of parallel", optional=True),
+    *MESH_PARAMS,
 )
 
 
@@ -71,10 +73,10 @@ def check(p: dict[str, Any]) -> str | None:
     problem = check_heads(p["d_model"], p["heads"], s["kv_heads"], rope=True)
     if problem:
         return problem
-    tp = {"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"]}
+    tp = {"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"], "vocab": p["vocab"]}
     if p["mesh"]:
         return check_mesh(p, tp_dims=tp)
-    return check_parallel(p, tp_dims=tp)
+    return check_parallel(p, tp_dims=tp) or check_mesh(p, tp_dims=tp)
 
 
 def generate(p: dict[str, Any]) -> str | bytes:
@@ -98,6 +100,13 @@ def generate(p: dict[str, Any]) -> str | bytes:
     if not tied:
         top["head"] = sd(d, vocab)
 
+    def embed(t, inputs, col):
+        (tokens,) = inputs
+        return tf.vocab_embed(t["embed"], tokens, col), tf.rope_tables(tokens.shape[1], hd, t["embed"].dtype)
+
+    def head(t, x, ctx, col):
+        return tf.vocab_head(tf.rms_norm(x, t["final_norm"]), t["embed"].T if tied else t["head"], col)
+
     def block(lp, x, rope, col):
         x = tf.decoder_attention(lp, x, hd, rope, col)
         h = col.enter_tp(tf.rms_norm(x, lp["mlp_norm"]))
@@ -106,11 +115,13 @@ def generate(p: dict[str, Any]) -> str | bytes:
     tokens = jax.ShapeDtypeStruct((p["batch"], p["seq"]), jnp.int32)
     model = LayeredModel(
         top=top, layer=layer, layers=p["layers"], inputs=(tokens,), targets=tokens,
-        embed=lambda t, inputs, col: tf.token_embed(t, inputs, hd),
+        embed=embed,
         block=block,
-        head=lambda t, x, ctx, col: tf.lm_head(t, x, tied),
-        loss=tf.lm_loss,
+        head=head,
+        loss=tf.vocab_loss,
+        tp_top=tf.VOCAB_PARALLEL_TP,
         tp_layer={**tf.DECODER_ATTENTION_TP, "w_gate": 1, "w_up": 1, "w_down": 0},
+        pp_shared=("embed",) if tied else (),
     )
     return export_family_step(model, p, "llama")
 
@@ -133,6 +144,6 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
-    version=3,  # the module says what its arguments hold (hespas.argument_roles)
+    version=4,  # under tp the vocabulary is split (embedding, head, cross-entropy)
 )
 

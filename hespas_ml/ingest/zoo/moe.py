@@ -181,7 +181,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         embed=lambda t, inputs, col: tf.token_embed(t, inputs, hd),
         block=block,
         head=lambda t, x, ctx, col: tf.lm_head(t, x, tied=False),
-        loss=tf.lm_loss,
+        loss=lambda logits, targets, col: tf.lm_loss(logits, targets),
         tp_layer={**tf.DECODER_ATTENTION_TP, "w_gate": 2, "w_up": 2, "w_down": 1},
         ep_layer={"w_gate": 0, "w_up": 0, "w_down": 0},
     )

@@ -159,6 +159,21 @@ class Collectives:
         axis = self.mesh_axes.get("tp")
         return x if axis is None else _psum_identity_grad(x, axis)
 
+    def tp_rank(self):
+        """This device's index along the tensor-parallel axis (0 without one)."""
+        axis = self.mesh_axes.get("tp")
+        return 0 if axis is None else jax.lax.axis_index(axis)
+
+    def tp_sum(self, x):
+        """Sum over the tensor-parallel axis whose gradient passes through unchanged (identity without one)."""
+        axis = self.mesh_axes.get("tp")
+        return x if axis is None else _psum_identity_grad(x, axis)
+
+    def tp_max(self, x):
+        """Maximum over the tensor-parallel axis, without a gradient (identity without one)."""
+        axis = self.mesh_axes.get("tp")
+        return x if axis is None else jax.lax.pmax(jax.lax.stop_gradient(x), axis)
+
     def to_experts(self, x, expert_axis: int = 0, slot_axis: int = 1):
         """EP: ``[experts, slots, …]`` of local tokens → ``[experts/n, n·slots, …]`` of this device's
         experts (all_to_all). Identity without an expert axis."""

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
-from .checks import MESH_AXES, parse_mesh
+from .checks import MESH_AXES, mesh_of, microbatch_count
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
                        make_mesh, psum_replicated, spec)
 
@@ -35,11 +35,13 @@ class LayeredModel:
     """A model in the form :func:`export_step` runs.
 
     ``embed(top, inputs, col) -> (x, ctx)``; ``block(layer, x, ctx, col) -> x`` (once per layer, ``ctx``
-    is loop-invariant); ``head(top, x, ctx, col) -> output``; ``loss(output, targets) -> scalar`` (mean
-    over the local batch). ``top`` and ``layer`` are dicts of parameters; ``col`` is the
+    is loop-invariant); ``head(top, x, ctx, col) -> output``; ``loss(output, targets, col) -> scalar``
+    (mean over the local batch). ``top`` and ``layer`` are dicts of parameters; ``col`` is the
     :class:`~.parallel.Collectives` the functions call at communication points. Inputs and targets
     have the batch on axis 0. ``tp_*`` / ``ep_*`` name the axis each parameter is split along under
-    tensor / expert parallelism (missing or None: replicated).
+    tensor / expert parallelism (missing or None: replicated). ``pp_shared`` names the ``top`` parameters
+    that both the first and the last pipeline stage use (a tied embedding and LM head): their gradients are
+    summed over the pipeline's stages.
     """
 
     top: Shapes
@@ -55,6 +57,7 @@ class LayeredModel:
     tp_layer: Axes | None = None
     ep_top: Axes | None = None
     ep_layer: Axes | None = None
+    pp_shared: tuple[str, ...] = ()
 
 
 def layouts(model: LayeredModel, strategy: str, n: int) -> dict[str, Axes]:
@@ -99,21 +102,125 @@ def _specs(axes: Any, shapes: Any) -> Any:
     return spec(axes, len(shapes.shape))
 
 
-def forward_fn(model: LayeredModel, scan: bool) -> Callable[..., Any]:
+REMAT = ("none", "selective", "full")
+"""Activation recomputation: ``none`` keeps every block's intermediates for backward; ``selective`` keeps the
+outputs of the projections (matrix products without batch dimensions) and recomputes the rest, attention's
+scores and softmax among them (Megatron-LM's selective recomputation); ``full`` keeps only each block's input."""
+
+
+def block_fn(model: LayeredModel, col: Collectives, remat: str = "none") -> Callable[..., Any]:
+    """``block(layer, x, ctx)``: one of ``model``'s blocks under the activation recomputation ``remat``."""
+
+    def block(lp, x, ctx):
+        return model.block(lp, x, ctx, col)
+
+    if remat == "none":
+        return block
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "selective" else None
+    return jax.checkpoint(block, policy=policy)
+
+
+def run_layers(model: LayeredModel, layers: Any, x, ctx, col: Collectives, *, scan: bool, remat: str = "none"):
+    """``x`` through every layer of ``layers``: a list of parameter groups, or one group stacked along a
+    leading axis (run as one ``lax.scan`` with ``scan``, else unrolled). Under FSDP each layer's parameters
+    are gathered right before it runs (inside the loop)."""
+    block = block_fn(model, col, remat)
+    if isinstance(layers, list):
+        for lp in layers:
+            x = block(col.gather(lp, "layer"), x, ctx)
+        return x
+    if scan:
+        def body(h, lp):
+            return block(col.gather(lp, "layer"), h, ctx), None
+        return jax.lax.scan(body, x, layers)[0]
+    for i in range(jax.tree.leaves(layers)[0].shape[0]):
+        x = block(col.gather(jax.tree.map(lambda a, i=i: a[i], layers), "layer"), x, ctx)
+    return x
+
+
+def forward_fn(model: LayeredModel, scan: bool, remat: str = "none") -> Callable[..., Any]:
     """``forward(params, inputs, col)``: embed, every block, head. Under FSDP each group is gathered
     right before it is used (the layer group inside the loop)."""
 
     def forward(params, inputs, col: Collectives):
         top = col.gather(params["top"], "top")
         x, ctx = model.embed(top, inputs, col)
-        if scan:
-            def body(h, lp):
-                return model.block(col.gather(lp, "layer"), h, ctx, col), None
-            x, _ = jax.lax.scan(body, x, params["layers"], length=model.layers)
-        else:
-            for lp in params["layers"]:
-                x = model.block(col.gather(lp, "layer"), x, ctx, col)
+        x = run_layers(model, params["layers"], x, ctx, col, scan=scan, remat=remat)
         return model.head(top, x, ctx, col)
+
+    return forward
+
+
+def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, scan: bool,
+                        remat: str = "none") -> Callable[..., Any]:
+    """``forward(params, inputs, col, targets=None)`` of a GPipe pipeline over the mesh axis ``pp`` (inside
+    ``shard_map``): each device holds ``layers / stages`` consecutive layers (its stage). The batch is cut
+    into ``microbatches``; for ``microbatches + stages - 1`` ticks each stage runs its layers on what it holds
+    (the first stage: the next microbatch, embedded) and sends the result to the next stage (``ppermute``:
+    collective_permute, send/recv), so the stages' idle ticks (the bubble) are run, not assumed. The permute
+    is a ring (the last stage sends to the first, which drops it), as in MaxText's pipeline: every device
+    then sends once and receives once per tick, alike. The last stage's outputs are kept; with ``targets``
+    they go through the head and the loss one microbatch at a time (a microbatch's logits live for one step
+    of that loop; under ``remat`` they are made again backward) and the mean loss over the microbatches is
+    returned, which counts on the last stage only (the caller masks the others); without, through the head
+    together. Backward, the same ticks run in reverse with the gradients sent to the previous stage. Every
+    stage runs the embedding and the head (SPMD: one program for all stages), in the time the last stage
+    alone would: the pipeline's ticks, then the head once per microbatch."""
+    last = stages - 1
+    to_next = [(i, (i + 1) % stages) for i in range(stages)]
+
+    def split(a):
+        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
+
+    def pick(a, i):
+        return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+    def forward(params, inputs, col: Collectives, targets=None):
+        top = col.gather(params["top"], "top")
+        stage = jax.lax.axis_index("pp")
+
+        def layers(x, ctx):
+            return run_layers(model, params["layers"], x, ctx, col, scan=scan, remat=remat)
+
+        if targets is not None:
+            parts, goals = tuple(split(a) for a in inputs), split(targets)
+
+            def head_loss(h, ctx, goal):
+                return model.loss(model.head(top, h, ctx, col), goal, col).astype(jnp.float32)
+
+            if remat != "none":                # the logits are made again backward, not kept
+                head_loss = jax.checkpoint(head_loss)
+
+            def tick(carry, t):
+                held, outs = carry
+                fresh, ctx = model.embed(top, tuple(pick(a, jnp.minimum(t, microbatches - 1)) for a in parts), col)
+                h = layers(jnp.where(stage == 0, fresh, held), ctx)
+                outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
+                return (jax.lax.ppermute(h, "pp", to_next), outs), None
+
+            first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
+            init = (jnp.zeros_like(first), jnp.zeros((microbatches, *first.shape), first.dtype))
+            (_, outs), _ = jax.lax.scan(tick, init, jnp.arange(microbatches + last))
+
+            def through_head(total, i):
+                return total + head_loss(pick(outs, i), ctx, pick(goals, i)), None
+
+            total, _ = jax.lax.scan(through_head, jnp.zeros((), jnp.float32), jnp.arange(microbatches))
+            return total / microbatches
+
+        x, ctx = model.embed(top, inputs, col)
+        batch = x.shape[0]
+        xs = split(x)
+
+        def tick(carry, t):
+            held, outs = carry
+            h = layers(jnp.where(stage == 0, pick(xs, jnp.minimum(t, microbatches - 1)), held), ctx)
+            outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
+            return (jax.lax.ppermute(h, "pp", to_next), outs), None
+
+        (_, outs), _ = jax.lax.scan(tick, (jnp.zeros_like(xs[0]), jnp.zeros_like(xs)),
+                                    jnp.arange(microbatches + last))
+        return model.head(top, outs.reshape(batch, *outs.shape[2:]), ctx, col)
 
     return forward
 
@@ -150,18 +257,44 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
 # -- the step and its export ----------------------------------------------------------------------
 
 def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, optimizer: str,
-             reduce: Callable[[Any, Any], tuple[Any, Any]], train: bool) -> Callable[..., Any]:
+             reduce: Callable[[Any, Any], tuple[Any, Any]], train: bool, *, microbatches: int = 1,
+             last_stage: int | None = None) -> Callable[..., Any]:
     """The inference step ``(params, inputs)``, or the training step ``(params, opt_state, inputs, targets)``
-    whose loss and gradients ``reduce`` sums over the devices that share them before the update."""
+    whose loss and gradients ``reduce`` sums over the devices that share them before the update.
+
+    ``microbatches`` > 1 without a pipeline: the batch is cut into that many microbatches, run one after the
+    other (``lax.scan``; training accumulates their gradients). ``last_stage``: the forward is a pipeline over
+    the mesh axis ``pp`` (:func:`pipeline_forward_fn`, which takes the targets and returns the loss) whose
+    stage ``last_stage`` holds the loss (the other stages' loss is zero)."""
+
+    def split(a):
+        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
+
+    accumulate = microbatches > 1 and last_stage is None
 
     def infer_step(params, inputs):
-        return forward(params, inputs, col)
+        if not accumulate:
+            return forward(params, inputs, col)
+        out = jax.lax.map(lambda mb: forward(params, mb, col), tuple(split(a) for a in inputs))
+        return out.reshape(-1, *out.shape[2:])
+
+    def loss_fn(prm, inputs, targets):
+        if last_stage is None:
+            return model.loss(forward(prm, inputs, col), targets, col) * loss_scale
+        loss = forward(prm, inputs, col, targets) * loss_scale        # the pipeline's own loss per tick
+        return jnp.where(jax.lax.axis_index("pp") == last_stage, loss, jnp.zeros_like(loss))
 
     def train_step(params, opt_state, inputs, targets):
-        def loss_fn(prm):
-            return model.loss(forward(prm, inputs, col), targets) * loss_scale
+        if accumulate:
+            def add(total, batch):
+                loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+                return jax.tree.map(jnp.add, total, (loss.astype(jnp.float32), grads)), None
 
-        loss, grads = reduce(*jax.value_and_grad(loss_fn)(params))
+            zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+            (loss, grads), _ = jax.lax.scan(add, zero, (tuple(split(a) for a in inputs), split(targets)))
+        else:
+            loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets)
+        loss, grads = reduce(loss, grads)
         params, opt_state = apply_update(params, grads, opt_state, optimizer)
         return params, opt_state, loss
 
@@ -207,38 +340,59 @@ def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> l
 
 
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
-                     name: str) -> str:
-    """Export ``model``'s step on a mesh of several axes at once (``{"dp": D, "fsdp": F, "tp": T}``, any
-    subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
-    dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp."""
+                     name: str, microbatches: int = 1, remat: str = "none") -> str:
+    """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
+    any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
+    dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
+    With ``pp`` the layers are split into that many consecutive stages, run as a GPipe pipeline of
+    ``microbatches`` (:func:`pipeline_forward_fn`); without it, ``microbatches`` > 1 accumulates gradients.
+    ``remat``: activation recomputation (:data:`REMAT`)."""
     sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
     train = step == "train"
+    stages = sizes.get("pp", 1)
+    stacked = scan or stages > 1
     tp_layout, fsdp_layout = _mesh_layouts(model, sizes)
-    shapes = param_shapes(model, scan)
-    p_specs = _mesh_specs(param_axes(model, tp_layout, scan), param_axes(model, fsdp_layout, scan), shapes)
+    shapes = param_shapes(model, stacked)
+    p_specs = _mesh_specs(param_axes(model, tp_layout, stacked), param_axes(model, fsdp_layout, stacked), shapes)
+    if stages > 1:                             # each stage holds its consecutive layers
+        p_specs["layers"] = jax.tree.map(lambda sp: P("pp", *tuple(sp)[1:]), p_specs["layers"],
+                                         is_leaf=lambda sp: isinstance(sp, P))
+        forward = pipeline_forward_fn(model, stages=stages, microbatches=microbatches, scan=scan, remat=remat)
+    else:
+        forward = forward_fn(model, scan, remat)
     batch_axes = tuple(a for a in ("dp", "fsdp") if a in sizes)
     batch_spec = P(batch_axes) if batch_axes else P()
     in_batch = tuple(batch_spec for _ in model.inputs)
-    forward = forward_fn(model, scan)
     opt = opt_shapes(shapes, optimizer) if train else ()
     col = Collectives("mesh", int(np.prod(list(sizes.values()) or [1])), fsdp_layout,
                       mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes})
     loss_scale = 1.0 / float(np.prod([sizes[a] for a in batch_axes] or [1]))
+    if stages == 1:
+        loss_scale /= microbatches
 
     def reduce(loss, grads):
         if "dp" in sizes:                      # fsdp's gradients come back reduce-scattered from the gathers
             grads = jax.tree.map(lambda g: jax.lax.psum(g, "dp"), grads)
-        if batch_axes:
-            loss = jax.lax.psum(loss, batch_axes)
+        if stages > 1 and model.pp_shared:     # a tied embedding: first and last stage's gradients summed
+            top = dict(grads["top"])
+            top.update({k: jax.lax.psum(top[k], "pp") for k in model.pp_shared})
+            grads = {**grads, "top": top}
+        loss_axes = batch_axes + (("pp",) if stages > 1 else ())
+        if loss_axes:
+            loss = jax.lax.psum(loss, loss_axes)
         return loss, grads
 
-    fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train)
+    fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train, microbatches=microbatches,
+                  last_stage=stages - 1 if stages > 1 else None)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train else (p_specs, in_batch))
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
+    roles = argument_roles(model, shapes, opt, train)
+    if not sizes:
+        return export_jax(fn, *args, name=name, argument_roles=roles)
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes))
     sharded = jax.shard_map(fn, mesh=abstract, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    return export_jax(sharded, *args, name=name, argument_roles=argument_roles(model, shapes, opt, train))
+    return export_jax(sharded, *args, name=name, argument_roles=roles)
 
 
 def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int, parallel: str,
@@ -291,15 +445,19 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
 
 
 def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> str | bytes:
-    """The step a zoo family's parameters ``p`` ask for (``step``, ``optimizer``, ``scan``): on the mesh ``p``
-    names, else on ``devices`` shared as ``parallel`` says; the module is called ``zoo_<family>_<step>``."""
+    """The step a zoo family's parameters ``p`` ask for (``step``, ``optimizer``, ``scan``; ``microbatch`` and
+    ``remat`` where the family has them): on the mesh ``p`` names, else on ``devices`` shared as ``parallel``
+    says; the module is called ``zoo_<family>_<step>``."""
     name = f"zoo_{family}_{p['step']}"
-    if p.get("mesh"):
-        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=parse_mesh(p["mesh"]),
-                                scan=p.get("scan", False), name=name)
+    if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none":
+        mesh = mesh_of(p)
+        return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=mesh,
+                                scan=p.get("scan", False), name=name, microbatches=microbatch_count(p, mesh),
+                                remat=p.get("remat", "none"))
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p.get("scan", False), name=name)
 
 
-__all__ = ["LayeredModel", "apply_update", "argument_roles", "export_family_step", "export_mesh_step", "export_step",
-           "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes"]
+__all__ = ["REMAT", "LayeredModel", "apply_update", "argument_roles", "block_fn", "export_family_step",
+           "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes",
+           "pipeline_forward_fn", "run_layers"]

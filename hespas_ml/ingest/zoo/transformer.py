@@ -132,3 +132,46 @@ def lm_head(top: dict, x, tied: bool):
 def lm_loss(logits, targets):
     """Next-token cross-entropy: ``targets`` are the token ids to predict at each position."""
     return cross_entropy(logits, targets)
+
+
+# -- Megatron's vocabulary-parallel embedding, head and loss (llama and gpt under tp) ------------------
+
+VOCAB_PARALLEL_TP = {"embed": 0, "head": 1}
+"""Under tp the embedding table is split by rows (vocabulary) and the LM head by columns, as Megatron-LM
+splits them: each device holds vocab / tp of the vocabulary."""
+
+
+def _own_rows(ids, rows: int, col: Collectives):
+    """``ids`` as rows of this device's share of the vocabulary (0 where not its own) and where they are."""
+    local = ids - col.tp_rank() * rows
+    inside = (local >= 0) & (local < rows)
+    return jnp.where(inside, local, 0), inside
+
+
+def vocab_embed(table, tokens, col: Collectives):
+    """Look ``tokens`` up in ``table``, this device's rows of the vocabulary under tp (the rows others hold
+    are zero here; one all-reduce sums them), else the whole table."""
+    if col.mesh_axes.get("tp") is None:
+        return jnp.take(table, tokens, axis=0)
+    local, inside = _own_rows(tokens, table.shape[0], col)
+    return col.tp_sum(jnp.take(table, local, axis=0) * inside[..., None].astype(table.dtype))
+
+
+def vocab_head(x, weight, col: Collectives):
+    """The LM head ``x @ weight``: under tp a column-parallel matrix product (each device's logits are its
+    share of the vocabulary; the input's gradient is all-reduced)."""
+    return col.enter_tp(x) @ weight
+
+
+def vocab_loss(logits, targets, col: Collectives):
+    """Next-token cross-entropy (in f32) of logits split over the vocabulary under tp (Megatron's
+    vocab-parallel cross-entropy: the maximum, the sum of exponentials and the target's logit are
+    all-reduced), else :func:`lm_loss`."""
+    if col.mesh_axes.get("tp") is None:
+        return lm_loss(logits, targets)
+    z = logits.astype(jnp.float32)
+    top = col.tp_max(jnp.max(z, axis=-1))
+    total = col.tp_sum(jnp.sum(jnp.exp(z - top[..., None]), axis=-1))
+    local, inside = _own_rows(targets.astype(jnp.int32), z.shape[-1], col)
+    picked = jnp.take_along_axis(z, local[..., None], axis=-1)[..., 0] * inside.astype(jnp.float32)
+    return jnp.mean(jnp.log(total) + top - col.tp_sum(picked))

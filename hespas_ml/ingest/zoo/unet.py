@@ -223,7 +223,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     labels = jax.ShapeDtypeStruct((p["batch"], p["image"], p["image"]), jnp.int32)
     model = LayeredModel(
         top=top, layer={}, layers=0, inputs=(images,), targets=labels,
-        embed=forward, block=lambda lp, x, ctx, col: x, head=lambda t, x, ctx, col: x, loss=tf.cross_entropy,
+        embed=forward, block=lambda lp, x, ctx, col: x, head=lambda t, x, ctx, col: x, loss=lambda out, targets, col: tf.cross_entropy(out, targets),
     )
     return export_family_step(model, p, "unet")
 

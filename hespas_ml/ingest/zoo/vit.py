@@ -148,7 +148,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
     labels = jax.ShapeDtypeStruct((p["batch"],), jnp.int32)
     model = LayeredModel(
         top=top, layer=layer, layers=p["layers"], inputs=(images,), targets=labels,
-        embed=embed, block=block, head=head, loss=tf.cross_entropy,
+        embed=embed, block=block, head=head, loss=lambda out, targets, col: tf.cross_entropy(out, targets),
         tp_layer={"wq": 1, "bq": 0, "wk": 1, "bk": 0, "wv": 1, "bv": 0, "wo": 0, "w1": 1, "b1": 0, "w2": 0},
     )
     return export_family_step(model, p, "vit")

@@ -151,21 +151,26 @@ class TimedSystemLayer(SystemLayer):
 # --------------------------------------------------------------------------------------------------
 # Applicability and the engine
 # --------------------------------------------------------------------------------------------------
-def _node_shape(node: et.EtNode) -> tuple:
-    """What must be equal on every rank for the symmetric engine (names and pg_name excluded)."""
+P2P_PEERS = ("comm_src", "comm_dst")
+
+
+def _node_shape(node: et.EtNode, p2p: bool = False) -> tuple:
+    """What must be equal on every rank for the symmetric engine (names and pg_name excluded; with ``p2p``
+    a SEND's or RECV's peers too)."""
+    skip = ("pg_name", *P2P_PEERS) if p2p and node.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE) else ("pg_name",)
     return (node.id, node.type, tuple(node.data_deps), tuple(node.ctrl_deps), node.duration_micros,
             tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                         for k, v in node.attrs.items() if k != "pg_name")))
+                         for k, v in node.attrs.items() if k not in skip)))
 
 
-def _runs_alike(node: et.EtNode, ref: et.EtNode, ref_shape: tuple) -> bool:
+def _runs_alike(node: et.EtNode, ref: et.EtNode, ref_shape: tuple, p2p: bool = False) -> bool:
     """Whether `node` has the shape of `ref` (`ref_shape`); plain field equality first, as it
     implies equal shapes and is much cheaper than building the shape."""
     if node is ref or (node.id == ref.id and node.type == ref.type and node.duration_micros == ref.duration_micros
                        and node.data_deps == ref.data_deps and node.ctrl_deps == ref.ctrl_deps
                        and node.attrs == ref.attrs):
         return True
-    return _node_shape(node) == ref_shape
+    return _node_shape(node, p2p) == ref_shape
 
 
 def _sub_group_of(node: et.EtNode, cfg: ReplayConfig, groups: dict[int, list[int]]) -> int | None:
@@ -177,11 +182,12 @@ def _sub_group_of(node: et.EtNode, cfg: ReplayConfig, groups: dict[int, list[int
 
 
 def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
-                   groups: dict[int, list[int]]) -> dict[int, set[int]] | None:
+                   groups: dict[int, list[int]], p2p: bool = False) -> dict[int, set[int]] | None:
     """None when ranks may not behave alike; else, for each sub-group rank 0 uses, the groups other
     ranks use in its place.  Ranks behave alike when they run the same nodes (up to names and
     pg_name), only COMP and collective nodes, and every sub-group collective is issued by all ranks
-    in equally sized groups that each member uses consistently."""
+    in equally sized groups that each member uses consistently.  ``p2p``: SEND and RECV nodes are let
+    through too, alike up to their peers (the caller checks that their messages take equal times)."""
     if isinstance(traces, et.RankTraces):           # ranks alike by construction but at the variants
         first = traces.template
         columns = dict(traces.variants)
@@ -193,11 +199,11 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
         columns = None
         differing = ((i, t[i]) for t in traces[1:] if t is not first
                      for i in compress(range(len(t)), map(is_not, t, first)))   # where t has its own node
-    shape = [_node_shape(n) for n in first]
+    shape = [_node_shape(n, p2p) for n in first]
     alike: set[tuple[int, int]] = set()             # (position, node object) checked already: ranks may
     for i, n in differing:                          # share node objects
         if (i, id(n)) not in alike:
-            if not _runs_alike(n, first[i], shape[i]):
+            if not _runs_alike(n, first[i], shape[i], p2p):
                 return None
             alike.add((i, id(n)))
     if cfg.replay_only:
@@ -205,7 +211,7 @@ def symmetric_plan(traces: Sequence[Sequence[et.EtNode]], cfg: ReplayConfig,
     peers: dict[int, set[int]] = {}
     sub_group: dict[int, int | None] = {}           # by node object
     for i, node in enumerate(first):
-        if node.type == et.COMP_NODE:
+        if node.type == et.COMP_NODE or (p2p and node.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE)):
             continue
         if node.type != et.COMM_COLL_NODE:
             return None
