@@ -16,6 +16,7 @@ from .. import pipeline
 from ..costs import graph_cost
 from ..ingest.errors import HespasError
 from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
+from ..ingest.zoo.checks import all_meshes
 from ..ingest.zoo.checks import format_mesh
 from ..ingest.zoo.specs import named_params
 from ..split.memory import memory
@@ -42,23 +43,6 @@ class Layout:
         return asdict(self)
 
 
-def meshes(devices: int) -> list[dict[str, int]]:
-    """Every (pp, dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order (without a
-    pipeline first)."""
-    out = []
-    for pp in range(1, devices + 1):
-        if devices % pp:
-            continue
-        rest = devices // pp
-        for tp in range(1, rest + 1):
-            if rest % tp:
-                continue
-            for fsdp in range(1, rest // tp + 1):
-                if (rest // tp) % fsdp == 0:
-                    out.append({"pp": pp, "dp": rest // tp // fsdp, "fsdp": fsdp, "tp": tp})
-    return out
-
-
 def rank_layouts(program: str, devices: int, question: pipeline.Question, *, progress: bool = False) -> list[Layout]:
     """Every layout of the zoo ``program`` (a spec without devices, parallel or mesh) on ``devices``, timed
     on ``question``'s target, fidelity and system (its program is ignored), best first."""
@@ -75,7 +59,7 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
         raise LayoutError(f"the system must have the {devices} devices the layouts span")
     peak = question.target.peak_flops(str(params.get("dtype", "f32")), "matrix")
     out: list[Layout] = []
-    candidates = meshes(devices)
+    candidates = all_meshes(devices)
     sep = "&" if "?" in program else "?"
     with progress_bar(len(candidates), "layouts", "layout", progress) as bar:
         for mesh in candidates:
@@ -112,4 +96,4 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
                   util)
 
 
-__all__ = ["Layout", "LayoutError", "meshes", "rank_layouts"]
+__all__ = ["Layout", "LayoutError", "rank_layouts"]

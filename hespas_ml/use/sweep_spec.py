@@ -15,6 +15,7 @@
       - {devices: 4, parallel: dp}
       - {devices: 8, parallel: fsdp}
       - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama, gpt)
+      - {devices: 8, mesh: auto}          # every pp × dp × fsdp × tp mesh of 8 devices (hespas-ml layouts')
     targets: [H100, A100-80GB]         # presets or target YAML files
     costs: {H100: 2.5}                 # optional: $ per device-hour, per target
     fidelities: [default]              # default: surrogate:roofline once available, else roofline
@@ -198,6 +199,15 @@ def load_sweep_spec(path: str | Path) -> SweepSpec:
     return _Loader(p, data).load()
 
 
+def auto_plans(devices: int) -> list[dict[str, Any]]:
+    """``mesh: auto``: a plan per pp × dp × fsdp × tp mesh of ``devices`` (as ``hespas-ml layouts`` lays them out);
+    a pipeline runs microbatches of one sequence unless the workload names its own ``microbatch``."""
+    from ..ingest.zoo.checks import all_meshes, format_mesh
+
+    return [{"devices": devices, "mesh": format_mesh(m), **({"microbatch": 1} if m["pp"] > 1 else {})}
+            for m in all_meshes(devices)]
+
+
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -342,6 +352,9 @@ class _Loader:
                 raise self.fail(f"{where}[{j}]: devices must be a positive integer, got {devices!r}")
             if "parallel" in plan and "mesh" in plan:
                 raise self.fail(f"{where}[{j}]: give parallel or mesh, not both")
+            if plan.get("mesh") == "auto":
+                plans.extend(auto_plans(devices))
+                continue
             plans.append({k: plan[k] for k in PLAN_KEYS if k in plan})
         return plans
 
@@ -383,6 +396,8 @@ class _Loader:
             label = label.rstrip("?")
             for plan in plans:
                 query = {**point, **{k: v for k, v in plan.items() if entry.param(k) is not None or k == "mesh"}}
+                if "microbatch" in point and plan.get("microbatch") is not None:
+                    query["microbatch"] = point["microbatch"]          # the workload's own microbatches
                 text = f"zoo:{family}" + ("?" + "&".join(f"{k}={_fmt(v)}" for k, v in query.items()) if query else "")
                 error = None
                 try:

@@ -9,7 +9,8 @@ import pytest
 from hespas_ml import simulate
 from hespas_ml.cli.main import main
 from hespas_ml.pipeline import Question
-from hespas_ml.use.layouts import meshes, rank_layouts
+from hespas_ml.ingest.zoo.checks import all_meshes
+from hespas_ml.use.layouts import rank_layouts
 from tests.conftest import readme_command
 
 pytestmark = pytest.mark.slow   # exports programs
@@ -19,10 +20,10 @@ SYSTEM = "switch:4x450,switch:2x50"
 
 
 def test_meshes_are_every_factorisation():
-    assert [tuple(m.values()) for m in meshes(4)] == [
+    assert [tuple(m.values()) for m in all_meshes(4)] == [
         (1, 4, 1, 1), (1, 2, 2, 1), (1, 1, 4, 1), (1, 2, 1, 2), (1, 1, 2, 2), (1, 1, 1, 4),
         (2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 1, 2), (4, 1, 1, 1)]
-    assert all(m["pp"] * m["dp"] * m["fsdp"] * m["tp"] == 12 for m in meshes(12)) and len(meshes(12)) == 40
+    assert all(m["pp"] * m["dp"] * m["fsdp"] * m["tp"] == 12 for m in all_meshes(12)) and len(all_meshes(12)) == 40
 
 
 def test_layouts_are_ranked_by_step_time_as_simulate_times_them():

@@ -458,6 +458,34 @@ def test_smoke_rows_say_their_peak_memory_and_that_it_fits(smoke):
     assert res.peak_memory_bytes == row["peak_memory_bytes"]
 
 
+def test_mesh_auto_sweeps_every_layout_of_the_devices(tmp_path):
+    from hespas_ml.ingest.zoo.checks import all_meshes
+
+    spec = tmp_path / "auto.yaml"
+    spec.write_text(yaml.safe_dump({
+        "workloads": [{"zoo": "llama", "params": {"layers": 2, "d_model": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
+                                                  "vocab": 256, "seq": 16, "batch": 8}},
+                      {"zoo": "gpt", "params": {"layers": 2, "d_model": 64, "heads": 4, "vocab": 256, "seq": 16,
+                                                "batch": 8, "microbatch": 2}}],
+        "parallelism": [{"devices": 4, "mesh": "auto"}],
+        "targets": ["H100"], "replay": ["embedded"], "systems": {"specs": ["switch:2x450,switch:2x50"]}}))
+    programs = load_sweep_spec(spec).programs
+    llama = {p.parallel: p for p in programs if p.family == "llama"}
+    assert len(llama) == len(all_meshes(4)) == 10
+    assert "microbatch=1" in llama["pp:2,dp:2"].source and "microbatch" not in llama["dp:2,tp:2"].source
+    assert llama["pp:4"].error and "pp 4 does not divide layers 2" in llama["pp:4"].error
+    gpt = {p.parallel: p for p in programs if p.family == "gpt"}
+    assert "microbatch=2" in gpt["pp:2,dp:2"].source                  # the workload's own microbatches
+    run_sweep(spec, tmp_path / "out", workers=1, progress=False)
+    df = pd.read_parquet(tmp_path / "out" / RESULTS)
+    ok = df[df["status"] == "ok"]
+    assert set(df[df["status"] == "failed"]["parallel"]) == {"pp:4"} and len(ok) == 18
+    row = ok[ok["parallel"] == "pp:2,dp:2"].iloc[0]
+    res = simulate(row["program"], target="H100", system="switch:2x450,switch:2x50", replay="embedded",
+                   fidelity=row["fidelity"])
+    assert res.step_time_s == row["step_time_s"] and row["replay_engine"] == "fast"
+
+
 def test_a_sweep_over_several_axis_meshes_times_each_layout_as_simulate_does(tmp_path):
     spec = tmp_path / "mesh.yaml"
     spec.write_text(yaml.safe_dump({

@@ -71,6 +71,23 @@ def format_mesh(mesh: dict[str, int]) -> str:
     return ",".join(f"{a}:{mesh[a]}" for a in MESH_AXES if mesh.get(a, 1) > 1) or "dp:1"
 
 
+def all_meshes(devices: int) -> list[dict[str, int]]:
+    """Every (pp, dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order (without a
+    pipeline first)."""
+    out = []
+    for pp in range(1, devices + 1):
+        if devices % pp:
+            continue
+        rest = devices // pp
+        for tp in range(1, rest + 1):
+            if rest % tp:
+                continue
+            for fsdp in range(1, rest // tp + 1):
+                if (rest // tp) % fsdp == 0:
+                    out.append({"pp": pp, "dp": rest // tp // fsdp, "fsdp": fsdp, "tp": tp})
+    return out
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """``{"dp": 2, "tp": 4}`` of ``dp:2,tp:4`` (axes of :data:`MESH_AXES`, each once, sizes ≥ 1); ``{}`` of
     ``""``. Raises ValueError with a one-line message."""
