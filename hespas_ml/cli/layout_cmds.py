@@ -1,4 +1,4 @@
-"""``layouts``: every dp × fsdp × tp layout of a zoo program on N devices, timed and ranked."""
+"""``layouts``: every pp × dp × fsdp × tp layout of a zoo program on N devices, timed and ranked."""
 from __future__ import annotations
 
 import json
@@ -39,12 +39,14 @@ def cmd_layouts(args) -> int:
     w = sys.stdout.write
     w(f"{args.program} on {args.devices} x {question.target.name}, {question.system.source}, "
       f"{question.fidelity.name}\n\n")
-    w(f"  {'rank':>4}  {'mesh':<20} {'step':>10}  {'exposed comm':>12}  {'memory':>10}  {'util':>6}\n")
+    w(f"  {'rank':>4}  {'mesh':<20} {'step':>10}  {'exposed comm':>12}  {'memory':>10}  {'util':>6}  {'bubble':>6}\n")
     for i, lay in enumerate(ranked, 1):
         mem = format_bytes(lay.peak_memory_bytes) if lay.peak_memory_bytes else "-"
+        bubble = f"{lay.bubble:6.1%}" if lay.bubble else f"{'-':>6}"
         if lay.status == "ok":
             w(f"  {i:>4}  {lay.mesh:<20} {format_seconds(lay.step_time_s):>10}  "
-              f"{format_seconds(lay.exposed_comm_s):>12}  {mem:>10}  {lay.utilisation:6.1%}\n")
+              f"{format_seconds(lay.exposed_comm_s):>12}  {mem:>10}  {lay.utilisation:6.1%}  {bubble}\n")
         else:
-            w(f"  {'-':>4}  {lay.mesh:<20} {lay.status:>10}  {'':>12}  {mem:>10}  {'':>6}  {lay.reason[:90]}\n")
+            w(f"  {'-':>4}  {lay.mesh:<20} {lay.status:>10}  {'':>12}  {mem:>10}  {'':>6}  {bubble}  "
+              f"{lay.reason[:90]}\n")
     return 0

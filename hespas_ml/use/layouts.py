@@ -16,8 +16,7 @@ from .. import pipeline
 from ..costs import graph_cost
 from ..ingest.errors import HespasError
 from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
-from ..ingest.zoo.checks import all_meshes
-from ..ingest.zoo.checks import format_mesh
+from ..ingest.zoo.checks import all_meshes, format_mesh, pipeline_bubble
 from ..ingest.zoo.specs import named_params
 from ..split.memory import memory
 from ..units import progress_bar
@@ -38,6 +37,7 @@ class Layout:
     exposed_comm_s: float = math.nan
     peak_memory_bytes: int = 0
     utilisation: float = math.nan     # per-device FLOPs / (step time × the target's peak for the program's dtype)
+    bubble: float = 0.0               # share of the pipeline's ticks in which a stage has no microbatch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +77,7 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
 
 def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
     try:
-        parse_zoo_spec(spec)
+        bubble = pipeline_bubble(parse_zoo_spec(spec)[1])
     except HespasError as exc:
         return Layout(text, spec, "invalid", str(exc).removeprefix(f"{spec}: "))
     try:
@@ -85,7 +85,7 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
         footprint = memory(regions)
         too_big = footprint.shortfall(q.target.mem_capacity, q.target.name)
         if too_big:
-            return Layout(text, spec, "too-big", too_big, peak_memory_bytes=footprint.peak)
+            return Layout(text, spec, "too-big", too_big, peak_memory_bytes=footprint.peak, bubble=bubble)
         times = pipeline.label(regions, q.fidelity, q.target)
         step = pipeline.replay(pipeline.trace(regions, times, interval=False), q.system, q.replay)
     except HespasError as exc:
@@ -93,7 +93,7 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
     flops = graph_cost(regions.graph)["flops"]
     util = flops / (step.step_time_s * peak) if step.step_time_s > 0 and peak > 0 else math.nan
     return Layout(text, spec, "ok", "; ".join(times.caveats), step.step_time_s, step.exposed_comm_s, footprint.peak,
-                  util)
+                  util, bubble)
 
 
 __all__ = ["Layout", "LayoutError", "rank_layouts"]

@@ -32,6 +32,9 @@ def test_layouts_are_ranked_by_step_time_as_simulate_times_them():
     assert len(ok) == 15 and [lay.step_time_s for lay in ok] == sorted(lay.step_time_s for lay in ok)
     assert sum("pp:2" in lay.mesh for lay in ok) == 6 and all("microbatch=1" in lay.program
                                                              for lay in ok if "pp:" in lay.mesh)
+    by_mesh = {lay.mesh: lay for lay in ranked}
+    # 8 sequences over dp 2: 4 microbatches through 2 stages, 1 idle tick of 5; no pipeline, no bubble
+    assert by_mesh["pp:2,dp:2,tp:2"].bubble == pytest.approx(1 / 5) and by_mesh["dp:2,tp:4"].bubble == 0
     for lay in (ok[0], ok[-1]):
         res = simulate(lay.program, target="H100", system=SYSTEM)
         assert (res.step_time_s, res.exposed_comm_s, res.peak_memory_bytes) == \

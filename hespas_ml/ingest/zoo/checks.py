@@ -126,6 +126,16 @@ def microbatch_count(p: dict[str, Any], mesh: dict[str, int], batch_key: str = "
     return p[batch_key] // (mesh.get("dp", 1) * mesh.get("fsdp", 1)) // size
 
 
+def pipeline_bubble(p: dict[str, Any], batch_key: str = "batch") -> float:
+    """The share of a step's pipeline ticks in which a stage has no microbatch: (P - 1) / (M + P - 1) for P
+    stages (``pp``) and M microbatches (GPipe); 0 without a pipeline."""
+    mesh = mesh_of(p)
+    stages = mesh.get("pp", 1)
+    if stages == 1:
+        return 0.0
+    return (stages - 1) / (microbatch_count(p, mesh, batch_key) + stages - 1)
+
+
 def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
     """A message when ``p["mesh"]`` cannot lay out the step: its product is not ``devices``, it is given
     with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch,
