@@ -10,7 +10,7 @@ from ..units import format_bytes, format_seconds
 def register(sub) -> None:
     p = sub.add_parser("layouts", help="rank every pp x dp x fsdp x tp layout of a zoo program on N devices",
                        description="Lay a zoo program out every way its family accepts on N devices (meshes "
-                                   "dp:D,fsdp:F,tp:T), leave out those that do not fit the target's memory, time "
+                                   "pp:P,dp:D,fsdp:F,tp:T), leave out those that do not fit the target's memory, time "
                                    "the rest on one system and rank them.")
     p.add_argument("program", help="a zoo spec without devices, parallel or mesh, e.g. 'zoo:llama?layers=8&batch=64'")
     p.add_argument("--devices", type=int, required=True, help="devices the layouts span")

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..ingest.errors import HespasError
-from . import dataset_cmds, layout_cmds, learn_cmds, pipeline_cmds, study_cmds, sweep_cmds
+from . import dataset_cmds, generate_cmds, layout_cmds, learn_cmds, pipeline_cmds, study_cmds, sweep_cmds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     study_cmds.register(sub)
     sweep_cmds.register(sub)
     layout_cmds.register(sub)
+    generate_cmds.register(sub)
     learn_cmds.register(sub)
     return parser
 
