@@ -314,7 +314,8 @@ def _evaluate_p2p(plan: ReplayPlan, ctx: SystemContext, runtime: Sequence[int]) 
     SEND of its tag, or at once when posted later; a SEND holds the COMM slot for its delay. RECVs issue as
     soon as they are ready. Completions are taken in (tick, registration tick) order; where a SEND and the
     RECV of its tag tie, the SEND first (ranks that run alike register their events in rank order, and
-    every peer's rank is above 0); None on any other tie."""
+    every peer's rank is above 0); None on any other tie. Its issue rules are :func:`evaluate`'s; that loop
+    stays apart, as lean as it is, for the sweeps that run it once per configuration."""
     times = [ctx.collective_time(k) for k in plan.collectives]
     delays = [ctx.message_time(link) for link in plan.links]
     coll, comm, children, recv, link, tag = plan.coll, plan.comm, plan.children, plan.recv, plan.link, plan.tag
