@@ -378,6 +378,9 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     traces = trace(rg, times)
     if out_dir is not None:                 # before the replay, so that a failing replay leaves its inputs
         _write_outputs(out_dir, graph.name, traces.point, q.system, rows)
+        if traces.point.n_ranks > MAX_TRACE_FILES:
+            graph.warnings.append(f"{out_dir / 'et'}: rank 0's trace written, not all {traces.point.n_ranks} "
+                                  f"(more than {MAX_TRACE_FILES:,} ranks)")
     step = replay(traces, q.system, q.replay, binary=q.astra_sim_bin,
                   workdir=(out_dir / "astra-sim") if out_dir and q.system else None, record_nodes=out_dir is not None)
     timings["replay"] = time.perf_counter() - t
@@ -429,11 +432,16 @@ def _seen_in_training(labels) -> bool | None:
     return said.pop() if len(said) == 1 else None
 
 
+MAX_TRACE_FILES = 1024
+"""``simulate --out`` writes every rank's trace up to this many ranks, above it rank 0's alone (a 70B step's
+trace is megabytes: thousands of them would fill a disk)."""
+
+
 def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionRow]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / "et" / name
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    write_traces(prefix, traces.traces)
+    write_traces(prefix, traces.traces if traces.n_ranks <= MAX_TRACE_FILES else [traces.traces[0]])
     write_comm_groups(traces.comm_groups, out_dir / "comm_group.json")
     if sys_cfg is not None:
         write_system(sys_cfg, out_dir / "system")

@@ -190,3 +190,14 @@ module @two attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 64 : 
   }
 }
 """
+
+
+def test_out_writes_every_ranks_trace_only_up_to_a_thousand_ranks(tmp_path):
+    from hespas_ml.pipeline import MAX_TRACE_FILES
+
+    spec = "zoo:llama?layers=1&d_model=64&heads=8&vocab=256&seq=16&batch=2048&devices=2048&mesh=dp:256,tp:8"
+    res = simulate(spec, target="H100", system="switch:8x450,switch:256x50", out=tmp_path)
+    assert res.n_devices > MAX_TRACE_FILES
+    (only,) = (tmp_path / "et").iterdir()
+    assert only.name.endswith(".0.et") and len(read_traces(str(only)[:-len(".0.et")])) == 1
+    assert any("rank 0's trace written, not all 2048" in w for w in res.warnings)
