@@ -136,11 +136,7 @@ def generate_traces(model: TraceModel, ranks: int, *, seed: int = 0, nodes: int 
 
 def summary(traces: Sequence[Sequence[et.EtNode]]) -> dict[str, Any]:
     """The counts and totals :meth:`TraceModel.summary` gives, of ``traces`` (rank 0)."""
-    nodes = traces[0]
-    comp = [n for n in nodes if n.type == et.COMP_NODE]
-    coll = [n for n in nodes if n.type == et.COMM_COLL_NODE]
-    return {"nodes": len(comp) + len(coll), "comp_nodes": len(comp), "coll_nodes": len(coll),
-            "comp_us": sum(n.duration_micros for n in comp), "comm_bytes": sum(int(n.attrs["comm_size"]) for n in coll)}
+    return TraceModel.fit(traces).summary()
 
 
 __all__ = ["TraceModel", "generate_traces", "summary"]

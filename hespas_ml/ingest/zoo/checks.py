@@ -136,6 +136,14 @@ def pipeline_bubble(p: dict[str, Any], batch_key: str = "batch") -> float:
     return (stages - 1) / (microbatch_count(p, mesh, batch_key) + stages - 1)
 
 
+def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
+    """A message when ``p`` cannot lay its step out: on its ``mesh`` (:func:`check_mesh`), else on ``devices``
+    shared as ``parallel`` says (:func:`check_parallel`) with its microbatches and recomputation."""
+    if p["mesh"]:
+        return check_mesh(p, tp_dims, batch_key)
+    return check_parallel(p, tp_dims, batch_key=batch_key) or check_mesh(p, tp_dims, batch_key)
+
+
 def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
     """A message when ``p["mesh"]`` cannot lay out the step: its product is not ``devices``, it is given
     with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch,

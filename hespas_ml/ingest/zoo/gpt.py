@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import MESH_PARAMS, check_heads, check_mesh, check_parallel, parse_mesh
+from .checks import MESH_PARAMS, check_heads, check_layout, parse_mesh
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 VOCAB_MULTIPLE = 128          # Megatron-LM's make-vocab-size-divisible-by
@@ -83,9 +83,7 @@ def check(p: dict[str, Any]) -> str | None:
     if problem:
         return problem
     tp = {"heads": p["heads"], "ffn": sizes(p)["ffn"]}
-    if p["mesh"]:
-        return check_mesh(p, tp_dims=tp)
-    return check_parallel(p, tp_dims=tp) or check_mesh(p, tp_dims=tp)
+    return check_layout(p, tp_dims=tp)
 
 
 def generate(p: dict[str, Any]) -> str | bytes:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import MESH_PARAMS, check_heads, check_mesh, check_parallel, swiglu_hidden
+from .checks import MESH_PARAMS, check_heads, check_layout, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 
@@ -74,9 +74,7 @@ def check(p: dict[str, Any]) -> str | None:
     if problem:
         return problem
     tp = {"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"], "vocab": p["vocab"]}
-    if p["mesh"]:
-        return check_mesh(p, tp_dims=tp)
-    return check_parallel(p, tp_dims=tp) or check_mesh(p, tp_dims=tp)
+    return check_layout(p, tp_dims=tp)
 
 
 def generate(p: dict[str, Any]) -> str | bytes:
