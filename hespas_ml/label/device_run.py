@@ -10,7 +10,8 @@ result as one JSON line the moment it is known:
   ``finished_at``) and ``phase``, ``family``, ``module_sha256``;
 * ``steps.jsonl`` — one line per whole program: ``id``, ``source``, ``family``, ``phase``, ``status``,
   ``seconds`` (median of the samples), ``min_s``, ``iqr_s``, ``repeats``, ``compile_s``, ``meta``;
-* ``runs.jsonl`` — one line per call: when, the budget, the device and machine, and what it did;
+* ``runs.jsonl`` — the call's record: when, the budget, the device and machine, written when it starts
+  (``finished`` null) and again when it ends with what it did (readers keep the last line of a ``started``);
 * ``log.txt`` — what was printed.
 
 Everything already in the output folder is kept and skipped, so a second call continues where the first
@@ -19,7 +20,10 @@ is killed loses at most the chunk of regions it was timing.
 
 The budget is shared out between the phases (``regions``, ``steps``, ``held_out``) by the plan's shares;
 a phase that finishes early hands its time on, and time left at the end goes back to phases with work
-left, in order. A run that finds a device other than the plan's target refuses at once (one line).
+left, in order. The call keeps its deadline: a whole program starts only while the call has the profiling
+``budget_s`` left (the most its compile and timing may take), a chunk of regions only while it has as long
+as the longest chunk so far. A run that finds a device other than the plan's target refuses at once (one
+line).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from ..host import package_version
 from ..ingest.errors import HespasError
 from .fidelity import FidelityError
 from .profiling import GPU_BACKENDS, ProfilingFidelity
+from .profiling_worker import may_index
 from .targets import load_target
 
 FILES = ("labels.jsonl", "steps.jsonl", "runs.jsonl", "log.txt")
@@ -96,6 +101,17 @@ class _Log:
         self.handle.close()
 
 
+def _done(row: dict[str, Any]) -> tuple[str, bool]:
+    """A result row's status, and whether it says how its index inputs were drawn (rows written before
+    gathers and scatters got their indices spread over their range do not: such a row is timed again)."""
+    meta = row.get("meta")
+    try:
+        meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+    except ValueError:
+        meta = {}
+    return row["status"], "index_inputs" in meta or row["status"] != "ok"
+
+
 def _label_row(item: dict[str, Any], label, target: str, seconds: float) -> dict[str, Any]:
     ok = label.status == "ok"
     meta = {**label.meta, "phase": item["phase"]}
@@ -149,32 +165,46 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         except FidelityError as exc:
             raise RunError(f"{plan_path}: {exc}") from None
         gpu = record["device"].get("backend") in GPU_BACKENDS
+        _append_line(out / "runs.jsonl", {**record, "finished": None})   # a killed call keeps its provenance
         log(f"plan {plan['name']} on {record['device'].get('device')} ({record['device'].get('backend')}, "
             f"jax {record['device'].get('jax_version')}), budget {budget_s:.0f} s")
-        done_labels = {r["hash"]: r["status"] for r in read_lines(out / "labels.jsonl")}
-        done_steps = {r["id"]: r["status"] for r in read_lines(out / "steps.jsonl")}
+        done_labels = {r["hash"]: _done(r) for r in read_lines(out / "labels.jsonl")}
+        done_steps = {r["id"]: _done(r) for r in read_lines(out / "steps.jsonl")}
+
+        def todo(done: tuple[str, bool] | None, text: str) -> bool:
+            if done is None:
+                return True
+            status, index_inputs = done
+            return (retry_failed and status != "ok") or (not index_inputs and may_index(text))
 
         def todo_label(item: dict[str, Any]) -> bool:
-            status = done_labels.get(item["hash"])
-            return status is None or (retry_failed and status != "ok")
+            return todo(done_labels.get(item["hash"]), item["text"])
 
         def todo_step(item: dict[str, Any]) -> bool:
-            status = done_steps.get(item["id"])
-            return status is None or (retry_failed and status != "ok")
+            return todo(done_steps.get(item["id"]), item["text"])
 
         size = chunk or max(4, fid.batch_size(target))
 
+        longest_chunk = 0.0
+
         def time_regions(items: list[dict[str, Any]], until: float, phase: str) -> int:
+            nonlocal longest_chunk
             n, began = 0, clock()
             todo = [it for it in items if todo_label(it)]
             while todo and clock() < until:
+                if deadline - clock() < longest_chunk:
+                    log(f"{phase}: {deadline - clock():.0f} s left of the call, the longest chunk took "
+                        f"{longest_chunk:.0f} s: no more regions this call")
+                    break
                 part, todo = todo[:size], todo[size:]
                 t0 = time.perf_counter()
                 got = fid.label_modules([it["text"] for it in part], target)
-                each = (time.perf_counter() - t0) / max(1, len(part))
+                took = time.perf_counter() - t0
+                longest_chunk = max(longest_chunk, took)
+                each = took / max(1, len(part))
                 for item, label in zip(part, got):
                     labels_out.write(_label_row(item, label, target.name, each))
-                    done_labels[item["hash"]] = label.status
+                    done_labels[item["hash"]] = (label.status, True)
                 n += len(part)
                 rate = n / max(1e-9, clock() - began)
                 log(f"{phase}: {n} regions timed this call, {len(todo)} left ({rate:.1f}/s)")
@@ -187,6 +217,10 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                     break
                 if not todo_step(item):
                     continue
+                if deadline - clock() < fid.budget_s:
+                    log(f"{phase}: {deadline - clock():.0f} s left of the call, a program may take "
+                        f"{fid.budget_s:.0f} s: no more programs this call")
+                    break
                 row = {"id": item["id"], "source": item["source"], "family": item["family"],
                        "phase": item["phase"], "target": target.name}
                 t0 = time.perf_counter()
@@ -201,7 +235,7 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                                                default=str))
                 row.update(wall_s=time.perf_counter() - t0, finished_at=time.time())
                 steps_out.write(row)
-                done_steps[item["id"]] = row["status"]
+                done_steps[item["id"]] = (row["status"], True)
                 n += 1
                 shown = f"{row['seconds'] * 1e3:.3f} ms" if row["status"] == "ok" else row["reason"]
                 log(f"{phase}: {item['source']}: {shown}")
@@ -243,9 +277,22 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         steps_out.close()
         record.setdefault("wall_s", clock() - start)
         record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with open(out / "runs.jsonl", "a") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
+        _append_line(out / "runs.jsonl", record)
         log.close()
+
+
+def _append_line(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row, default=str) + "\n")
+
+
+def read_runs(path: Path) -> list[dict[str, Any]]:
+    """The call records of a ``runs.jsonl``, one per call: the last line written for each ``started``
+    (a call killed before its end keeps the line it wrote when it started)."""
+    runs: dict[str, dict[str, Any]] = {}
+    for row in read_lines(path):
+        runs[str(row.get("started"))] = row
+    return list(runs.values())
 
 
 def _summary(out: Path, regions: list[dict[str, Any]], programs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..ingest.errors import HespasError
-from .device_run import read_jsonl_gz, read_lines
+from .device_run import read_jsonl_gz, read_lines, read_runs
 from .dataset_tables import LABEL_COLUMNS, load_dataset, write_manifest
 from .measured_fidelity import in_program
+from .profiling_worker import may_index
 
 TABLES = ("regions.parquet", "graphs.parquet", "programs.parquet", "targets.parquet")
 STEP_COLUMNS = ("id", "source", "family", "phase", "target", "status", "reason", "step_s", "min_s", "iqr_s",
                 "repeats", "compile_s", "region_sum_s", "region_sum_less_overhead_s", "regions_covered",
-                "roofline_s", "device", "measured_at")
+                "roofline_s", "indices", "regions_few_indices", "device", "measured_at")
 
 
 class MeasuredError(HespasError):
@@ -57,14 +58,16 @@ def _merge(results: Iterable[Path], name: str, key: str) -> dict[str, dict[str, 
 
 
 def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
-              labels: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """``steps.csv``'s rows: each timed program against the sum of its measured region labels."""
+              labels: dict[str, dict[str, Any]], texts: dict[str, str]) -> list[dict[str, Any]]:
+    """``steps.csv``'s rows: each timed program against the sum of its measured region labels
+    (``texts``: the regions' modules by hash)."""
     out = []
     for prog in programs:
         step = steps.get(prog["id"])
         if step is None:
             continue
         total = covered = less = 0.0
+        few = 0
         executions = sum(n for _, n in prog["regions"]) or 1
         for digest, n in prog["regions"]:
             lab = labels.get(digest)
@@ -72,6 +75,7 @@ def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
                 total += n * lab["seconds"]
                 less += n * in_program(lab["seconds"], lab.get("meta"))
                 covered += n
+                few += "index_inputs" not in _meta(lab) and may_index(texts.get(digest, ""))
         meta = json.loads(step.get("meta") or "{}")
         out.append({"id": prog["id"], "source": prog["source"], "family": prog["family"], "phase": prog["phase"],
                     "target": step.get("target"), "status": step["status"], "reason": step.get("reason") or "",
@@ -79,9 +83,19 @@ def step_rows(programs: list[dict[str, Any]], steps: dict[str, dict[str, Any]],
                     "repeats": step.get("repeats"), "compile_s": step.get("compile_s"),
                     "region_sum_s": total, "region_sum_less_overhead_s": less,
                     "regions_covered": covered / executions, "roofline_s": prog.get("roofline_s"),
+                    "indices": _indices(step, prog["text"]), "regions_few_indices": few,
                     "device": meta.get("device", ""),
                     "measured_at": step.get("finished_at")})
     return out
+
+
+def _indices(row: dict[str, Any], text: str) -> str:
+    """How a timed module's gather and scatter indices were drawn: ``range`` (spread over their valid
+    range), ``1-3`` (every integer input in [1, 4), as the worker drew them before), or empty (the module
+    has neither)."""
+    if not may_index(text):
+        return ""
+    return "range" if "index_inputs" in _meta(row) else "1-3"
 
 
 def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike[str]],
@@ -118,8 +132,8 @@ def import_run(plan_dir: str | os.PathLike[str], results: list[str | os.PathLike
         if mine is None or mine["module_sha256"] != row.get("module_sha256"):
             raise MeasuredError(f"{plan_path}: the results hold region {digest[:12]}…, which this plan does not "
                                "time with that module (results of another plan?)")
-    runs = [r for folder in folders for r in read_lines(folder / "runs.jsonl")]
-    rows = step_rows(programs, steps, labels)
+    runs = list({str(r.get("started")): r for folder in folders for r in read_runs(folder / "runs.jsonl")}.values())
+    rows = step_rows(programs, steps, labels, {h: r["text"] for h, r in planned.items()})
     raw = {f"raw/{name}": "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in merged)
            for name, merged in (("labels.jsonl", labels.values()), ("steps.jsonl", steps.values()),
                                 ("runs.jsonl", runs))}
@@ -211,6 +225,8 @@ def readme(plan: dict[str, Any], runs: list[dict[str, Any]], labels: dict[str, d
         dev = run.get("device") or {}
         machine = dev.get("machine") or {}
         done = ", ".join(f"{k} {v}" for k, v in (run.get("done") or {}).items())
+        if run.get("finished", "") is None:
+            done = f"{done}; killed before it ended" if done else "killed before it ended (its rows say what it timed)"
         lines.append(f"| {run.get('started')} | {dev.get('device')} ({dev.get('backend')}) | "
                      f"{dev.get('gpu_driver_version', '—')} / {dev.get('gpu_cuda_version', '—')} | "
                      f"{dev.get('jax_version')} / {dev.get('jaxlib_version')} | "
@@ -227,12 +243,18 @@ def readme(plan: dict[str, Any], runs: list[dict[str, Any]], labels: dict[str, d
               f"roofline's labels on {plan['target']} for the same regions.",
               f"- {sum(1 for s in steps if s['status'] == 'ok')} whole programs timed (`steps.csv`).", ""]
     if steps:
-        lines += ["| program | phase | step (ms) | region sum (ms) | less overhead (ms) | covered | roofline (ms) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| program | phase | step (ms) | region sum (ms) | less overhead (ms) | covered | roofline (ms) "
+                  "| indices |", "|---|---|---|---|---|---|---|---|"]
         for s in steps:
+            few = f", {s['regions_few_indices']} region(s) 1-3" if s["regions_few_indices"] else ""
             lines.append(f"| `{s['source']}` | {s['phase']} | {_fmt(s['step_s'])} | {_fmt(s['region_sum_s'])} | "
                          f"{_fmt(s['region_sum_less_overhead_s'])} | {s['regions_covered']:.0%} | "
-                         f"{_fmt(s['roofline_s'])} |")
+                         f"{_fmt(s['roofline_s'])} | {s['indices'] or '—'}{few} |")
+        if any(s["indices"] == "1-3" or s["regions_few_indices"] for s in steps):
+            lines += ["", "`indices`: how the gather and scatter indices of a program (and of its regions) were "
+                      "drawn: `range` spread over their valid range; `1-3` every integer input in [1, 4), which "
+                      "piles a scatter's updates onto three rows (serialised atomic adds on a GPU). A result "
+                      "marked `1-3` is timed again by the next device call."]
     if command:
         lines += ["", "## Commands", "", "```", command.strip(), "```"]
     return "\n".join(lines) + "\n"

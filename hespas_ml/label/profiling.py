@@ -82,7 +82,7 @@ from typing import Any, Sequence
 
 from .fidelity import FidelityError, Label, options_off_default
 from ..host import cache_dir, cpu_model, gpu_facts, machine_identity, package_version, schedulable_cores
-from .profiling_worker import CORES_ENV
+from .profiling_worker import CORES_ENV, may_index
 from .targets import HOST_CPU, Target
 
 MODULE_NAME = "region"            # every extracted module gets this name, so identical regions share a key
@@ -207,9 +207,13 @@ class ProfilingFidelity:
         identity = self._identity(worker)
         labels: list[Label | None] = [None] * len(texts)
         digests = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+        # a module that gathers or scatters is timed with its indices spread over their range: its
+        # results are kept apart from those timed with the few small indices every integer once got
+        identities = {d: {**identity, "index_inputs": "range"} if may_index(t) else identity
+                      for d, t in zip(digests, texts)}
         pending: dict[str, list[int]] = {}
         for i, digest in enumerate(digests):
-            cached = self._cache_get(digest, identity)
+            cached = self._cache_get(digest, identities[digest])
             if cached is not None:
                 labels[i] = self._to_label(cached, worker, digest, cached=True)
                 self.stats["cached"] += 1
@@ -221,9 +225,9 @@ class ProfilingFidelity:
             result = {**result, **self._provenance_of(worker)}        # cached with the result it belongs to
             if "error" in result:
                 if result.get("kind") in CACHED_FAILURES:
-                    self._cache_put(digest, identity, result)
+                    self._cache_put(digest, identities[digest], result)
             elif self._quiet_enough(result):   # a label timed under load is timed again next time
-                self._cache_put(digest, identity, result)
+                self._cache_put(digest, identities[digest], result)
             label = self._to_label(result, worker, digest, cached=False)
             if label.status == "ok":
                 self.stats["timed"] += 1

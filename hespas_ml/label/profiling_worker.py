@@ -78,9 +78,12 @@ def numpy_dtype(element: str):
     raise ValueError(f"no numpy type for element type {element}")
 
 
-def random_array(shape: tuple[int, ...], element: str, rng):
+def random_array(shape: tuple[int, ...], element: str, rng, index_bound: int | None = None):
     """Random contents for a parameter: floats in [0.5, 1.5) (no NaNs from log/sqrt, no denormals),
-    integers in [1, 4) (valid indices, no division by zero), random booleans."""
+    random booleans, and integers uniform in [0, ``index_bound``) for a parameter that indexes a gather
+    or scatter (:func:`index_bounds`), else in [1, 4) (valid small indices, no division by zero). Indices
+    spread over their whole range matter: a scatter-add whose indices all fall on three rows serialises
+    its atomic updates on a GPU, many times slower than an embedding gradient over real tokens."""
     import numpy as np
 
     dtype = numpy_dtype(element)
@@ -89,8 +92,114 @@ def random_array(shape: tuple[int, ...], element: str, rng):
     if np.issubdtype(dtype, np.complexfloating):
         return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
     if dtype.kind in "iu" or element.startswith(("i", "ui")):
+        if index_bound is not None:
+            return rng.integers(0, index_bound, size=shape).astype(dtype)
         return rng.integers(1, 4, size=shape).astype(dtype)
     return (rng.random(shape, dtype=np.float32) + 0.5).astype(dtype)
+
+
+# ops whose result carries its index operands' values on (reshaped, converted, picked or offset): an
+# index traced back through them is still the same index
+_INDEX_CARRIERS = {"stablehlo.convert": None, "stablehlo.reshape": None, "stablehlo.broadcast_in_dim": None,
+                   "stablehlo.transpose": None, "stablehlo.slice": None, "stablehlo.concatenate": None,
+                   "stablehlo.select": (1, 2), "stablehlo.clamp": (1,), "stablehlo.add": None,
+                   "stablehlo.subtract": None, "stablehlo.dynamic_slice": (0,)}
+
+
+def _index_extent(op) -> int | None:
+    """How many valid start positions the indices of a gather or scatter address (the smallest over
+    the operand dimensions they index), or None."""
+    from jax.extend.mlir import ir
+    from jax.extend.mlir.dialects import stablehlo as sh
+
+    name = op.name
+    operand = ir.RankedTensorType(op.operands[0].type)
+    if name == "stablehlo.gather":
+        dims = sh.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+        sizes = list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"]))
+        extents = [operand.shape[d] - sizes[d] + 1 for d in dims.start_index_map]
+    elif name == "stablehlo.scatter":
+        dims = sh.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+        updates = ir.RankedTensorType(op.operands[-1].type)
+        window = [d for d in range(operand.rank) if d not in set(dims.inserted_window_dims)
+                  and d not in set(getattr(dims, "input_batching_dims", []) or [])]
+        size = {d: updates.shape[u] for d, u in zip(window, dims.update_window_dims)}
+        extents = [operand.shape[d] - size.get(d, 1) + 1 for d in dims.scattered_dims_to_operand_dims]
+    else:
+        return None
+    return max(1, min(extents)) if extents else None
+
+
+def may_index(text: str) -> bool:
+    """Whether a module holds a gather or scatter (whose indices :func:`index_bounds` may trace to its
+    parameters)."""
+    return "stablehlo.gather" in text or "stablehlo.scatter" in text
+
+
+def index_bounds(text: str) -> dict[int, int]:
+    """The parameters of ``@main`` that index a gather or scatter, each with how many values are valid
+    indices there: the index operands are traced back through the ops that carry indices on
+    (:data:`_INDEX_CARRIERS`), across calls into and out of private functions, to ``@main``'s
+    parameters. A parameter that indexes several places gets the smallest count."""
+    from jax.extend.mlir import ir
+    from jax.interpreters import mlir as jmlir
+
+    bounds: dict[int, int] = {}
+    with jmlir.make_ir_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        funcs = {op.operation.attributes["sym_name"].value: op.operation for op in module.body.operations
+                 if op.operation.name == "func.func"}
+        calls: dict[str, list] = {}
+        uses: list[tuple[Any, int]] = []
+
+        def walk(operation) -> None:
+            for region in operation.regions:
+                for block in region.blocks:
+                    for child in block.operations:
+                        child = child.operation
+                        if child.name == "func.call":
+                            calls.setdefault(child.attributes["callee"].value, []).append(child)
+                        elif child.name in ("stablehlo.gather", "stablehlo.scatter"):
+                            extent = _index_extent(child)
+                            if extent is not None:
+                                uses.append((child.operands[1], extent))
+                        walk(child)
+
+        for f in funcs.values():
+            walk(f)
+        main = funcs.get("main")
+        for start, extent in uses:
+            seen: set = set()
+            todo = [start]
+            while todo:
+                value = todo.pop().maybe_downcast()
+                if value in seen or len(seen) > 10_000:
+                    continue
+                seen.add(value)
+                if isinstance(value, ir.BlockArgument):
+                    arg = value
+                    owner = arg.owner.owner.operation
+                    if owner.name != "func.func" or arg.owner.region.blocks[0] != arg.owner:
+                        continue
+                    name = owner.attributes["sym_name"].value
+                    if owner == main:
+                        bounds[arg.arg_number] = min(extent, bounds.get(arg.arg_number, extent))
+                    for call in calls.get(name, []):
+                        todo.append(call.operands[arg.arg_number])
+                    continue
+                if not isinstance(value, ir.OpResult):
+                    continue
+                result = value
+                op = result.owner.operation
+                if op.name == "func.call":
+                    callee = funcs.get(op.attributes["callee"].value)
+                    if callee is not None:
+                        ret = callee.regions[0].blocks[0].operations[-1].operation    # its return
+                        todo.append(ret.operands[result.result_number])
+                elif op.name in _INDEX_CARRIERS:
+                    picked = _INDEX_CARRIERS[op.name]
+                    todo.extend(op.operands[i] for i in (picked or range(len(op.operands))))
+    return bounds
 
 
 def feedable(text: str) -> tuple[str, list[tuple[tuple[int, ...], str]]]:
@@ -163,7 +272,8 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
     sample: ``stable``), or when the figures themselves have settled on a noisy machine (between checks
     at ``min_repeats`` · 2^k samples the median moved by less than ``target_noise`` / 2 and the IQR by
     less than 10 % of the median: ``iqr_stable``), or after ``max_repeats`` samples. Once ``measure_s``
-    (warm-up included) is spent sampling stops (``measure_s``), with one sample at least.
+    of sampling is spent (counted after the warm-up, whose first call may hold one-off work such as a
+    GPU library's plan selection) sampling stops (``measure_s``), with one sample at least.
     ``early_stop=False``: neither ``stable`` nor ``iqr_stable`` stops it (a minimum wants the whole window).
     ``finish``: ``call`` only queues its work and returns a handle; ``finish(handle)`` waits for it. The
     calls of a sample are then queued back to back and only the last one is waited for.
@@ -195,7 +305,7 @@ def measure(call: Callable[[], Any], measure_s: float, min_repeats: int, max_rep
             wait(handle)
             samples.append((time.perf_counter() - t) / calls)
             n = len(samples)
-            if time.perf_counter() - start >= measure_s:
+            if time.perf_counter() - begin >= measure_s:
                 stop = "measure_s"
                 break
             if n < min_repeats or not early_stop:
@@ -237,6 +347,8 @@ class Compiled:
     exe: Any
     params: list[tuple[tuple[int, ...], str]]
     compile_s: float
+    index_bounds: dict[int, int] | str    # parameters that index a gather or scatter: how many values are
+                                          # valid (or why the indices could not be traced)
 
 
 class Profiler:
@@ -289,12 +401,16 @@ class Profiler:
             text, params = feedable(text)
         except Exception as exc:  # noqa: BLE001 - any failure is the module's, reported as a reason
             raise ProfileError("inputs", f"cannot feed the module: {_first_line(exc)}") from None
+        try:
+            bounds: dict[int, int] | str = index_bounds(text) if may_index(text) else {}
+        except Exception as exc:  # noqa: BLE001 - timed on small indices, and the result says why
+            bounds = f"cannot trace its indices: {_first_line(exc)}"
         t = time.perf_counter()
         try:
             exe = self.backend.compile_and_load(text, [self.device], self.options)
         except Exception as exc:  # noqa: BLE001
             raise ProfileError("compile", f"XLA cannot compile it: {_first_line(exc)}") from None
-        return Compiled(exe, params, time.perf_counter() - t)
+        return Compiled(exe, params, time.perf_counter() - t, bounds)
 
     def _caller(self, exe, args) -> tuple[Callable[[], Any], Callable[[Any], Any] | None]:
         """``(call, finish)`` for :func:`measure`: blocking on the CPU, queued on a GPU."""
@@ -309,8 +425,9 @@ class Profiler:
 
         try:
             rng = np.random.default_rng(request.get("seed", 0))
-            args = [self.jax.device_put(random_array(shape, elem, rng), self.device)
-                    for shape, elem in compiled.params]
+            bounds = compiled.index_bounds if isinstance(compiled.index_bounds, dict) else {}
+            args = [self.jax.device_put(random_array(shape, elem, rng, bounds.get(i)), self.device)
+                    for i, (shape, elem) in enumerate(compiled.params)]
         except Exception as exc:  # noqa: BLE001
             return {"error": f"cannot make its inputs: {_first_line(exc)}", "kind": "inputs"}
         call, finish = self._caller(compiled.exe, args)
@@ -323,6 +440,10 @@ class Profiler:
         finally:
             del args
         result["compile_s"] = compiled.compile_s
+        if isinstance(compiled.index_bounds, dict):
+            result["index_inputs"] = len(compiled.index_bounds)
+        else:                                      # no index_inputs: the next device call times it again
+            result["index_inputs_error"] = compiled.index_bounds
         result.update(_cost(compiled.exe))
         return result
 

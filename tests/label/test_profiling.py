@@ -292,3 +292,55 @@ func.func @main(%a: tensor<256x256xf32>, %b: tensor<256x256xf32>, %c: tensor<256
         a, b = fid.label_regions(regions, host)
         assert fid.stats["timed"] == 1
     assert a.status == b.status == "ok" and a.seconds == b.seconds
+
+
+EMBEDDING_GRADIENT = """
+func.func @main(%table: tensor<100x8xf32>, %tokens: tensor<4x5xi32>, %grad: tensor<4x5x8xf32>,
+                %labels: tensor<6xi32>, %logits: tensor<6x50xf32>, %n: tensor<4x5xi32>)
+    -> (tensor<100x8xf32>, tensor<6x6xf32>, tensor<4x5xi32>) {
+  %0 = call @_index(%tokens) : (tensor<4x5xi32>) -> tensor<4x5x1xi32>
+  %1 = "stablehlo.scatter"(%table, %0, %grad) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [2], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 2>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<100x8xf32>, tensor<4x5x1xi32>, tensor<4x5x8xf32>) -> tensor<100x8xf32>
+  %2 = stablehlo.reshape %labels : (tensor<6xi32>) -> tensor<6x1xi32>
+  %3 = "stablehlo.gather"(%logits, %2) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [1], start_index_map = [1], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 6, 1>}> : (tensor<6x50xf32>, tensor<6x1xi32>) -> tensor<6x6xf32>
+  %4 = stablehlo.multiply %n, %n : tensor<4x5xi32>
+  return %1, %3, %4 : tensor<100x8xf32>, tensor<6x6xf32>, tensor<4x5xi32>
+}
+func.func private @_index(%t: tensor<4x5xi32>) -> tensor<4x5x1xi32> {
+  %c = stablehlo.constant dense<100> : tensor<4x5xi32>
+  %z = stablehlo.constant dense<0> : tensor<4x5xi32>
+  %neg = stablehlo.compare LT, %t, %z, SIGNED : (tensor<4x5xi32>, tensor<4x5xi32>) -> tensor<4x5xi1>
+  %w = stablehlo.add %t, %c : tensor<4x5xi32>
+  %s = stablehlo.select %neg, %w, %t : tensor<4x5xi1>, tensor<4x5xi32>
+  %r = stablehlo.broadcast_in_dim %s, dims = [0, 1] : (tensor<4x5xi32>) -> tensor<4x5x1xi32>
+  return %r : tensor<4x5x1xi32>
+}
+"""
+
+
+def test_gather_and_scatter_indices_are_spread_over_their_range(tmp_path, host):
+    """Token ids reach an embedding gradient's scatter through a private function (negative-index
+    wrap, select, broadcast), target labels reach a loss's gather through a reshape: each is drawn over
+    the rows it may index, so a scatter-add's updates do not pile onto three rows; an integer that
+    indexes nothing keeps the small values that never divide by zero."""
+    import numpy as np
+
+    from hespas_ml.label.profiling_worker import index_bounds, may_index, random_array
+
+    text = "module @m {\n" + EMBEDDING_GRADIENT + "}\n"
+    assert may_index(text) and not may_index(PROGRAM)
+    bounds = index_bounds(text)
+    assert bounds == {1: 100, 3: 50}
+    rng = np.random.default_rng(0)
+    tokens = random_array((4096,), "i32", rng, bounds[1])
+    assert tokens.min() >= 0 and tokens.max() < 100 and len(np.unique(tokens)) > 90
+    other = random_array((4096,), "i32", rng)
+    assert set(np.unique(other)) == {1, 2, 3}
+    # timed, the label says how many parameters were drawn as indices
+    with ProfilingFidelity(cache=tmp_path / "cache", cache_max_noise=1e9, **FAST) as fid:
+        label = fid.label_modules([text], host)[0]
+        step = fid.time_module(text, host, measure_s=0.05)
+    assert label.status == "ok" and label.meta["index_inputs"] == 2 and step["index_inputs"] == 2

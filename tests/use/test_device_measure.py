@@ -16,7 +16,7 @@ import pytest
 from hespas_ml.label.dataset_tables import load_dataset
 from hespas_ml.label.device_run import read_jsonl_gz
 from hespas_ml.use.device_plan import PlanError, build_plan, load_plan_spec, sample_strata
-from hespas_ml.label.device_run import RunError, read_lines, run_plan
+from hespas_ml.label.device_run import RunError, read_lines, read_runs, run_plan
 from hespas_ml.label.fidelity import FidelityError
 from hespas_ml.label.measured import MeasuredError, import_run
 from hespas_ml.label.profiling import ProfilingFidelity
@@ -155,7 +155,9 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
     # a third call finds nothing to do and says so
     third = script("measure.py", "--plan", str(folder / "plan"), "--out", str(out), "--budget-s", "60")
     assert third.returncode == 0 and len(read_lines(labels)) == planned
-    assert len(read_lines(out / "runs.jsonl")) == 2       # the killed call wrote no record
+    runs = read_runs(out / "runs.jsonl")      # the killed call kept the record it wrote when it started
+    assert len(runs) == 3 and [r["finished"] is None for r in runs] == [True, False, False]
+    assert runs[0]["device"]["machine"]["cpu_fingerprint"] and runs[0]["done"] == {}
 
     measured = tmp_path / "measured"
     done = script("collect.py", "--plan", str(folder / "plan"), str(out), "--out", str(measured))
@@ -173,7 +175,8 @@ def test_the_device_script_continues_after_a_kill_and_imports_with_provenance(pl
     readme = (measured / "README.md").read_text()
     assert "cpu: " in readme and "eval/device/collect.py" in readme
     runs = json.loads((measured / "provenance.json").read_text())["runs"]
-    assert len(runs) == 2 and runs[0]["device"]["machine"]["cpu_fingerprint"]
+    assert len(runs) == 3 and runs[1]["device"]["machine"]["cpu_fingerprint"] and runs[1]["done"]
+    assert "killed before it ended" in readme
 
     # the measured fidelity answers a step program from these labels: its compute is their sum, each less
     # the dispatch overhead of its own measurement
@@ -252,6 +255,19 @@ def test_queued_samples_time_the_work_not_the_queueing():
     assert 0.0018 <= queued["median_s"] <= 0.01
     unwaited = measure(lambda: None, 0.1, 5, 20, 0.02, 0.01)
     assert unwaited["median_s"] < 0.0005
+
+
+def test_a_slow_first_call_does_not_use_up_the_sampling_window():
+    """A program's first call may hold one-off work longer than the whole window (a GPU library choosing
+    its plans): the samples after the warm-up still get their window, not a single sample."""
+    calls = []
+
+    def call():
+        time.sleep(0.3 if not calls else 0.002)
+        calls.append(1)
+
+    got = measure(call, 0.2, 5, 50, 1e-9, 0.004)
+    assert got["warmup_s"] >= 0.3 and got["repeats"] >= 5 and got["median_s"] < 0.1
 
 
 def test_a_batch_compiled_ahead_labels_like_one_at_a_time(tmp_path):
@@ -337,3 +353,45 @@ def test_xla_flags_reach_the_worker_and_their_times_are_not_the_plans(plan, tmp_
     assert cut.returncode == 0, cut.stderr
     assert json.loads(cut.stdout)["regions"] == 2
     assert [r["hash"] for r in read_jsonl_gz(tmp_path / "cut" / "regions.jsonl.gz")] == [r["hash"] for r in rows[:2]]
+
+
+def test_a_call_starts_no_program_it_may_not_finish_within_its_budget(plan, tmp_path):
+    """A whole program may take the profiling budget to compile and time: with less than that left of the
+    call it is not started (the call would overrun the device's time limit), and it stays to do."""
+    folder, _ = plan
+    out = tmp_path / "results"
+    record = run_plan(folder / "plan", out, budget_s=5, phases=("steps",), echo=None, options={"budget_s": 30})
+    assert record["left"]["steps"] == 2 and not read_lines(out / "steps.jsonl")
+    assert "a program may take 30 s: no more programs this call" in (out / "log.txt").read_text()
+    record = run_plan(folder / "plan", out, budget_s=60, phases=("steps",), echo=None, options={"budget_s": 30})
+    assert record["left"]["steps"] == 0 and len(read_lines(out / "steps.jsonl")) == 2
+
+
+def test_results_timed_before_indices_were_spread_are_timed_again(plan, tmp_path):
+    """A region with a gather or scatter whose row does not say how its indices were drawn was timed
+    with every integer in [1, 4): the next call times it again (and only it), its new row saying so."""
+    import gzip
+    import shutil
+
+    from tests.label.test_profiling import EMBEDDING_GRADIENT
+
+    folder, _ = plan
+    mine = tmp_path / "plan"
+    shutil.copytree(folder / "plan", mine)
+    regions = read_jsonl_gz(mine / "regions.jsonl.gz")
+    gather = {**regions[0], "hash": "e" * 64, "text": "module @m {\n" + EMBEDDING_GRADIENT + "}\n"}
+    with gzip.open(mine / "regions.jsonl.gz", "wt") as fh:
+        for row in [*regions, gather]:
+            fh.write(json.dumps(row) + "\n")
+    out = tmp_path / "results"
+    out.mkdir()
+    old = [{"hash": r["hash"], "status": "ok", "seconds": 1.0, "meta": "{}"} for r in (regions[0], gather)]
+    (out / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    run_plan(mine, out, budget_s=120, phases=("regions",), echo=None)
+    rows = read_lines(out / "labels.jsonl")
+    again = [r for r in rows[2:] if r["hash"] in {regions[0]["hash"], gather["hash"]}]
+    assert [r["hash"] for r in again] == [gather["hash"]]
+    assert again[0]["status"] == "ok", again[0]["reason"]
+    assert json.loads(again[0]["meta"])["index_inputs"] == 2
+    timed = sum(1 for r in regions if r["phase"] == "regions")
+    assert len(rows) == 2 + (timed - 1) + 1 and regions[0]["phase"] == "regions"   # the others timed once
