@@ -14,7 +14,10 @@ exports), those fusions are the kernels. Otherwise the grouping follows XLA's ma
   convert) when the epilogue is its only consumer;
 * **operand layouts** — a transpose or reverse (the flipped kernel of a backward-data convolution) whose
   only consumer is a dot or convolution is folded into it, as the backends do;
-* collectives, custom calls, sort, scatter, select_and_scatter, in-place updates, copies and RNG are
+* **in-place accumulation** — a ``dynamic_update_slice`` into zeros whose only consumer is an ``add`` (the
+  gradient of a dynamically indexed operand, summed over a loop's iterations) joins that add: XLA updates
+  the window of the sum in place (:func:`accumulated_window`);
+* collectives, custom calls, sort, scatter, select_and_scatter, other in-place updates, copies and RNG are
   kernels of their own.
 """
 from __future__ import annotations
@@ -45,6 +48,25 @@ MATRIX_KINDS = frozenset({"dot_general", "dot", "convolution"})
 LAYOUT_KINDS = frozenset({"transpose", "reverse"})
 
 
+def _is_zeros(graph: OpGraph, i: int) -> bool:
+    """Whether op ``i`` is a zero constant, or a broadcast or reshape of one."""
+    ops = graph.ops
+    while i >= 0 and ops[i].kind in ("broadcast_in_dim", "broadcast", "reshape"):
+        i = ops[i].operands[0] if ops[i].operands else -1
+    return i >= 0 and ops[i].kind == "constant" and ops[i].attrs.get("value") == 0
+
+
+def accumulated_window(graph: OpGraph, i: int, users: list[list[int]]) -> bool:
+    """Whether op ``i`` is a ``dynamic_update_slice`` into zeros whose only consumer is an ``add`` in the
+    same loop: ``acc + dus(0, u, idx)``, which XLA runs as an in-place update of ``acc``'s window."""
+    ops = graph.ops
+    op = ops[i]
+    if op.kind != "dynamic_update_slice" or len(users[i]) != 1 or not _is_zeros(graph, op.operands[0]):
+        return False
+    user = ops[users[i][0]]
+    return user.kind == "add" and user.loop == op.loop and user.count == op.count
+
+
 def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
     """Return kernels as lists of op ids (each sorted), covering every op exactly once."""
     ops = graph.ops
@@ -67,6 +89,11 @@ def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:
         op = ops[i]
         kind = op.kind
         us = users[i]
+        if accumulated_window(graph, i, users):
+            g = group[us[0]]                  # updated in place inside the add's kernel
+            group[i] = g
+            members[g].append(i)
+            continue
         if kind in FUSIBLE_KINDS and us:
             gs = {group[u] for u in us}
             same_ctx = all(ops[u].loop == op.loop and ops[u].count == op.count for u in us)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hespas_ml import simulate
+from hespas_ml.ingest.zoo.specs import parse_zoo_spec
+from hespas_ml.ingest.zoo.checks import pipeline_bubble
 from hespas_ml.replay import load_system
 from hespas_ml.replay.embedded import replay_embedded
 from hespas_ml.replay.fast import replay_fast
@@ -38,6 +40,23 @@ def test_a_pipeline_passes_each_tick_to_the_next_stage_around_a_ring():
     assert {str(op.operand_types[0]) for op in permutes} == {"1x16x64xf32"}
 
 
+def test_an_interleaved_pipeline_goes_round_the_ring_once_per_chunk_with_a_shorter_bubble():
+    # pp 2 with 2 chunks of one layer each: 4 microbatches go round twice, 2·4 + 2 - 1 = 9 ticks of one
+    # layer each way, against GPipe's 4 + 2 - 1 = 5 ticks of two layers
+    spec = f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1"
+    gpipe, interleaved = load(spec), load(f"{spec}&schedule=interleaved:2")
+    assert sorted(op.count for op in kinds(interleaved, "collective_permute")) == [9, 9]
+    assert {str(op.operand_types[0]) for op in kinds(interleaved, "collective_permute")} == {"1x16x64xf32"}
+
+    def layer_flops(g):        # the blocks' matrix products (the head's and the loss's are alike in both)
+        return sum(op.count for op in kinds(g, "dot_general") if "64x64" in str(op.operand_types[1]))
+
+    # each layer's matrix products run once per tick: 9 ticks of one layer against 5 ticks of two
+    assert layer_flops(interleaved) * 10 == layer_flops(gpipe) * 9
+    assert pipeline_bubble(parse_zoo_spec(spec)[1]) == pytest.approx(1 / 5)
+    assert pipeline_bubble(parse_zoo_spec(f"{spec}&schedule=interleaved:2")[1]) == pytest.approx(1 / 9)
+
+
 def test_a_tied_embedding_sums_its_gradient_over_the_stages_and_an_untied_one_does_not():
     pp_groups = ((0, 2), (1, 3))
     tied = load(f"{GPT}&mesh=pp:2,dp:2&devices=4&microbatch=2")
@@ -64,6 +83,7 @@ def test_recomputation_trades_memory_for_work():
 @pytest.mark.parametrize("spec, system", [
     (f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1", "switch:4x450"),
     (f"{LLAMA}&mesh=pp:4,tp:2&devices=8&microbatch=2&scan=true&remat=full", "switch:2x450,switch:4x50"),
+    (f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1&scan=true&schedule=interleaved:2", "switch:2x450,switch:2x50"),
     (GPT.replace("step=train", "step=infer") + "&mesh=pp:2,fsdp:2&devices=4&microbatch=2", "switch:2x450,switch:2x50"),
 ])
 def test_a_pipeline_replays_rank_zero_alone_to_the_nanosecond(spec, system):

@@ -209,3 +209,36 @@ def test_demand_adds_up_over_readers_and_is_whole_where_a_result_leaves_the_kern
     assert kept.transcendentals == 64
     assert kept.vector_flops == 64 * 1024 + 64
     assert kept.bytes == 2 * 64 * 1024 * 4 + 64 * 4 + 64 * 4
+
+
+ACCUMULATE = """
+func.func @main(%acc: tensor<8x256x256xf32>, %g: tensor<1x256x256xf32>, %i: tensor<i32>, %acc2: tensor<8x256x256xf32>)
+    -> (tensor<8x256x256xf32>, tensor<8x256x256xf32>) {
+  %z = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %zeros = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<f32>) -> tensor<8x256x256xf32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %u = stablehlo.dynamic_update_slice %zeros, %g, %i, %c0, %c0 : (tensor<8x256x256xf32>, tensor<1x256x256xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<8x256x256xf32>
+  %sum = stablehlo.add %acc, %u : tensor<8x256x256xf32>
+  %one = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+  %ones = stablehlo.broadcast_in_dim %one, dims = [] : (tensor<f32>) -> tensor<8x256x256xf32>
+  %v = stablehlo.dynamic_update_slice %ones, %g, %i, %c0, %c0 : (tensor<8x256x256xf32>, tensor<1x256x256xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<8x256x256xf32>
+  %other = stablehlo.add %acc2, %v : tensor<8x256x256xf32>
+  return %sum, %other : tensor<8x256x256xf32>, tensor<8x256x256xf32>
+}
+"""
+
+
+def test_a_window_added_into_zeros_is_an_in_place_update_of_the_sum():
+    """``acc + dynamic_update_slice(zeros, g, i)`` (the gradient of a dynamically indexed operand summed
+    over a loop) is one kernel touching only the window, as XLA runs it; into anything but zeros the update
+    is a whole tensor added."""
+    rg = split_program(parse_module(ACCUMULATE, "accumulate"), "fusion")
+    window, whole = 256 * 256 * 4, 8 * 256 * 256 * 4
+    kernels = {rg.graph.ops[max(k.op_ids)].id: k for r in rg.compute_regions() for k in r.kernels}
+    by_kind = {tuple(sorted(rg.graph.ops[i].kind for i in k.op_ids if rg.graph.ops[i].kind != "constant")): k
+               for k in kernels.values()}
+    inplace = by_kind[("add", "broadcast_in_dim", "dynamic_update_slice")]
+    assert 3 * window <= inplace.bytes <= 3 * window + 16   # the window read and written, g and an index
+    assert inplace.vector_flops == 256 * 256
+    added = by_kind[("add",)]
+    assert added.bytes == 3 * whole                       # acc2 and the updated ones read, the sum written

@@ -57,7 +57,8 @@ MESH_PARAMS = (
              "batch (batch / dp·fsdp) is cut into microbatches: a pipeline's (pp), else accumulated gradients",
              minimum=0, maximum=1 << 20, optional=True),
     ZooParam("schedule", str, "gpipe", "pipeline schedule under pp: gpipe (every microbatch forward, then "
-             "every microbatch backward)", choices=("gpipe",), optional=True),
+             "every microbatch backward) or interleaved:V (each stage's layers as V chunks, each microbatch "
+             "round the stages V times: a V times shorter bubble, V times the messages)", optional=True),
     ZooParam("remat", str, "none", "activation recomputation: none, selective (projections kept, attention "
              "recomputed) or full (each block's input kept)", choices=("none", "selective", "full"),
              optional=True),
@@ -126,14 +127,29 @@ def microbatch_count(p: dict[str, Any], mesh: dict[str, int], batch_key: str = "
     return p[batch_key] // (mesh.get("dp", 1) * mesh.get("fsdp", 1)) // size
 
 
+def schedule_chunks(schedule: str) -> int:
+    """How many chunks a pipeline ``schedule`` cuts each stage's layers into: 1 for ``gpipe``, V for
+    ``interleaved:V``. Raises ValueError with a one-line message."""
+    if schedule == "gpipe":
+        return 1
+    kind, _, chunks = schedule.partition(":")
+    if kind != "interleaved":
+        raise ValueError(f"schedule={schedule} is not one of gpipe, interleaved:V")
+    if not chunks.isdigit() or int(chunks) < 2:
+        raise ValueError(f"schedule={schedule}: interleaved needs V ≥ 2 chunks per stage (write interleaved:2)")
+    return int(chunks)
+
+
 def pipeline_bubble(p: dict[str, Any], batch_key: str = "batch") -> float:
-    """The share of a step's pipeline ticks in which a stage has no microbatch: (P - 1) / (M + P - 1) for P
-    stages (``pp``) and M microbatches (GPipe); 0 without a pipeline."""
+    """The share of a step's pipeline ticks in which a stage has no microbatch: (P - 1) / (V·M + P - 1) for P
+    stages (``pp``), M microbatches and V chunks per stage (1 for GPipe, V for ``interleaved:V``); 0 without
+    a pipeline."""
     mesh = mesh_of(p)
     stages = mesh.get("pp", 1)
     if stages == 1:
         return 0.0
-    return (stages - 1) / (microbatch_count(p, mesh, batch_key) + stages - 1)
+    chunks = schedule_chunks(p.get("schedule", "gpipe"))
+    return (stages - 1) / (chunks * microbatch_count(p, mesh, batch_key) + stages - 1)
 
 
 def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
@@ -167,6 +183,10 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
             and p["parallel"] not in MESH_AXES:
         return (f"microbatch and remat run on a mesh: write mesh={p['parallel'].removesuffix('-partitioned')}:"
                 f"{p['devices']} instead of parallel={p['parallel']}")
+    try:
+        chunks = schedule_chunks(p.get("schedule", "gpipe"))
+    except ValueError as exc:
+        return str(exc)
     shards = mesh.get("dp", 1) * mesh.get("fsdp", 1)
     if p[batch_key] % shards:
         return f"dp × fsdp = {shards} does not divide {batch_key} {p[batch_key]}"
@@ -174,4 +194,15 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
     if size and (p[batch_key] // shards) % size:
         return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each dp × fsdp shard "
                 f"holds ({batch_key} {p[batch_key]} over {shards})")
+    if chunks > 1:
+        stages = mesh.get("pp", 1)
+        if stages == 1:
+            return f"schedule={p['schedule']} interleaves pipeline stages: give the mesh a pp axis"
+        if p.get("layers", 1) % (stages * chunks):
+            return (f"schedule={p['schedule']}: pp {stages} × {chunks} chunks does not divide layers "
+                    f"{p['layers']}")
+        count = microbatch_count(p, mesh, batch_key)
+        if count % stages:
+            return (f"schedule={p['schedule']}: the {count} microbatches must be a multiple of pp {stages} "
+                    "(each comes back to the first stage for its next chunk)")
     return None

@@ -9,8 +9,9 @@ vocabulary is padded as Megatron-LM pads it: up to a multiple of 128 × the tens
 ``scan=true`` runs the layers as one ``lax.scan``.
 
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (explicit collectives) or the same with
-``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe pipeline of
-``microbatch``-sized microbatches (a tied embedding's gradient summed over the stages), and ``remat``
+``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe (or with
+``schedule=interleaved:V`` an interleaved) pipeline of ``microbatch``-sized microbatches (a tied embedding's
+gradient summed over the stages), and ``remat``
 recomputes activations backward (see :mod:`.llama`). Under tp the heads and the MLP hidden units are split
 (Megatron), and so are the token embedding (by vocabulary rows) and the head (by columns), with Megatron's
 vocabulary-parallel cross-entropy; the position embedding is replicated, and a split layer's output bias is

@@ -12,7 +12,8 @@ next-token cross-entropy. ``scan=true`` runs the layers as one ``lax.scan`` over
 and so are the embedding (by vocabulary rows) and the LM head (by vocabulary columns), with Megatron's
 vocabulary-parallel cross-entropy. ``mesh=pp:S,dp:D,fsdp:F,tp:T`` (any of them; S·D·F·T = devices) uses
 several at once (:func:`~.steps.export_mesh_step`): ``pp`` splits the layers into S consecutive stages run as
-a GPipe pipeline of the microbatches ``microbatch`` makes (without pp they accumulate gradients);
+a GPipe pipeline of the microbatches ``microbatch`` makes (``schedule=interleaved:V``: V chunks per stage,
+each microbatch round the stages V times; without pp they accumulate gradients);
 ``remat=selective|full`` recomputes activations backward.
 
 Example sizes: the defaults have ~20M parameters; Llama-3.2-3B is

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..export import export_jax, export_partitioned
-from .checks import MESH_AXES, mesh_of, microbatch_count
+from .checks import MESH_AXES, mesh_of, microbatch_count, schedule_chunks
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
                        make_mesh, psum_replicated, spec)
 
@@ -120,11 +120,25 @@ def block_fn(model: LayeredModel, col: Collectives, remat: str = "none") -> Call
     return jax.checkpoint(block, policy=policy)
 
 
-def run_layers(model: LayeredModel, layers: Any, x, ctx, col: Collectives, *, scan: bool, remat: str = "none"):
+def run_layers(model: LayeredModel, layers: Any, x, ctx, col: Collectives, *, scan: bool, remat: str = "none",
+               window: tuple[Any, int] | None = None):
     """``x`` through every layer of ``layers``: a list of parameter groups, or one group stacked along a
     leading axis (run as one ``lax.scan`` with ``scan``, else unrolled). Under FSDP each layer's parameters
-    are gathered right before it runs (inside the loop)."""
+    are gathered right before it runs (inside the loop). ``window=(start, count)``: only the stacked layers
+    ``start .. start + count - 1`` (``start`` may be traced), each read where it lies."""
     block = block_fn(model, col, remat)
+    if window is not None:
+        start, count = window
+
+        def layer(i):
+            return col.gather(jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, start + i, keepdims=False),
+                                           layers), "layer")
+
+        if scan:
+            return jax.lax.scan(lambda h, i: (block(layer(i), h, ctx), None), x, jnp.arange(count))[0]
+        for i in range(count):
+            x = block(layer(i), x, ctx)
+        return x
     if isinstance(layers, list):
         for lp in layers:
             x = block(col.gather(lp, "layer"), x, ctx)
@@ -152,22 +166,31 @@ def forward_fn(model: LayeredModel, scan: bool, remat: str = "none") -> Callable
 
 
 def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, scan: bool,
-                        remat: str = "none") -> Callable[..., Any]:
-    """``forward(params, inputs, col, targets=None)`` of a GPipe pipeline over the mesh axis ``pp`` (inside
-    ``shard_map``): each device holds ``layers / stages`` consecutive layers (its stage). The batch is cut
-    into ``microbatches``; for ``microbatches + stages - 1`` ticks each stage runs its layers on what it holds
-    (the first stage: the next microbatch, embedded) and sends the result to the next stage (``ppermute``:
-    collective_permute, send/recv), so the stages' idle ticks (the bubble) are run, not assumed. The permute
-    is a ring (the last stage sends to the first, which drops it), as in MaxText's pipeline: every device
-    then sends once and receives once per tick, alike. The last stage's outputs are kept; with ``targets``
-    they go through the head and the loss one microbatch at a time (a microbatch's logits live for one step
-    of that loop; under ``remat`` they are made again backward) and the mean loss over the microbatches is
-    returned, which counts on the last stage only (the caller masks the others); without, through the head
-    together. Backward, the same ticks run in reverse with the gradients sent to the previous stage. Every
-    stage runs the embedding and the head (SPMD: one program for all stages), in the time the last stage
-    alone would: the pipeline's ticks, then the head once per microbatch."""
+                        remat: str = "none", chunks: int = 1) -> Callable[..., Any]:
+    """``forward(params, inputs, col, targets=None)`` of a pipeline over the mesh axis ``pp`` (inside
+    ``shard_map``): each device holds ``layers / stages`` layers (its stage). The batch is cut into
+    ``microbatches``; tick by tick each stage runs its layers on what it holds (the first stage: the next
+    microbatch, embedded) and sends the result to the next stage (``ppermute``: collective_permute,
+    send/recv), so the stages' idle ticks (the bubble) are run, not assumed. The permute is a ring, as in
+    MaxText's pipeline: every device sends once and receives once per tick, alike.
+
+    ``chunks`` = 1 is GPipe: ``microbatches + stages - 1`` ticks of the whole stage, the last stage's ring
+    message dropped by the first. ``chunks`` = V > 1 interleaves (Megatron's virtual stages): a stage's
+    layers are V chunks, a microbatch goes round the ring V times, through chunk v on its v-th lap, and the
+    first stage keeps what comes back from the last until its next lap (``microbatches`` ≥ ``stages``, so
+    it is back in time); ``V · microbatches + stages - 1`` ticks of one chunk each, so the bubble is V times
+    shorter and there are V times as many messages. (Which layers a chunk holds does not change the time:
+    the stage's stacked layers are read as V chunks in order, each layer where it lies.)
+
+    The last stage's outputs of the last lap are kept; with ``targets`` they go through the head and the
+    loss one microbatch at a time (a microbatch's logits live for one step of that loop; under ``remat``
+    they are made again backward) and the mean loss over the microbatches is returned, which counts on the
+    last stage only (the caller masks the others); without, through the head together. Backward, the same
+    ticks run in reverse with the gradients sent to the previous stage. Every stage runs the embedding and
+    the head (SPMD: one program for all stages), in the time the last stage alone would."""
     last = stages - 1
     to_next = [(i, (i + 1) % stages) for i in range(stages)]
+    laps = chunks * microbatches
 
     def split(a):
         return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
@@ -175,12 +198,45 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
     def pick(a, i):
         return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
 
+    def ticks(params, col, stage, first_input, make_fresh):
+        """The pipeline's ticks on ``stage`` (``make_fresh(i)``: microbatch ``i`` embedded, and its context);
+        the last stage's outputs of the last lap, one per microbatch."""
+        stack = params["layers"]
+        per_chunk = jax.tree.leaves(stack)[0].shape[0] // chunks
+
+        def tick(carry, t):
+            if chunks == 1:
+                held, outs = carry
+                fresh, ctx = make_fresh(jnp.minimum(t, microbatches - 1))
+                h = run_layers(model, stack, jnp.where(stage == 0, fresh, held), ctx, col, scan=scan, remat=remat)
+                outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
+                return (jax.lax.ppermute(h, "pp", to_next), outs), None
+            held, back, outs = carry
+            # what the first stage receives now left the last stage a tick ago, at its position t - stages:
+            # kept (first stage) for its next lap
+            came = t - stages
+            keep = (stage == 0) & (came >= 0) & (came < laps - microbatches)
+            slot = jnp.clip(came, 0, laps - 1) % microbatches
+            back = jax.lax.dynamic_update_index_in_dim(back, jnp.where(keep, held, pick(back, slot)), slot, 0)
+            position = jnp.clip(t - stage, 0, laps - 1)       # this stage's place in its stream
+            lap, mb = position // microbatches, position % microbatches
+            fresh, ctx = make_fresh(mb)
+            entering = jnp.where(lap == 0, fresh, pick(back, mb))
+            x = jnp.where(stage == 0, entering, held)
+            h = run_layers(model, stack, x, ctx, col, scan=scan, remat=remat, window=(lap * per_chunk, per_chunk))
+            done = jnp.clip(t - last - (chunks - 1) * microbatches, 0, microbatches - 1)
+            outs = jax.lax.dynamic_update_index_in_dim(outs, h, done, 0)
+            return (jax.lax.ppermute(h, "pp", to_next), back, outs), None
+
+        zeros = jnp.zeros_like(first_input)
+        buffer = jnp.zeros((microbatches, *first_input.shape), first_input.dtype)
+        init = (zeros, buffer) if chunks == 1 else (zeros, buffer, jnp.zeros_like(buffer))
+        final, _ = jax.lax.scan(tick, init, jnp.arange(laps + last))
+        return final[-1]
+
     def forward(params, inputs, col: Collectives, targets=None):
         top = col.gather(params["top"], "top")
         stage = jax.lax.axis_index("pp")
-
-        def layers(x, ctx):
-            return run_layers(model, params["layers"], x, ctx, col, scan=scan, remat=remat)
 
         if targets is not None:
             parts, goals = tuple(split(a) for a in inputs), split(targets)
@@ -191,16 +247,11 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
             if remat != "none":                # the logits are made again backward, not kept
                 head_loss = jax.checkpoint(head_loss)
 
-            def tick(carry, t):
-                held, outs = carry
-                fresh, ctx = model.embed(top, tuple(pick(a, jnp.minimum(t, microbatches - 1)) for a in parts), col)
-                h = layers(jnp.where(stage == 0, fresh, held), ctx)
-                outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
-                return (jax.lax.ppermute(h, "pp", to_next), outs), None
+            def fresh(i):
+                return model.embed(top, tuple(pick(a, i) for a in parts), col)
 
             first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
-            init = (jnp.zeros_like(first), jnp.zeros((microbatches, *first.shape), first.dtype))
-            (_, outs), _ = jax.lax.scan(tick, init, jnp.arange(microbatches + last))
+            outs = ticks(params, col, stage, first, fresh)
 
             def through_head(total, i):
                 return total + head_loss(pick(outs, i), ctx, pick(goals, i)), None
@@ -211,15 +262,7 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
         x, ctx = model.embed(top, inputs, col)
         batch = x.shape[0]
         xs = split(x)
-
-        def tick(carry, t):
-            held, outs = carry
-            h = layers(jnp.where(stage == 0, pick(xs, jnp.minimum(t, microbatches - 1)), held), ctx)
-            outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
-            return (jax.lax.ppermute(h, "pp", to_next), outs), None
-
-        (_, outs), _ = jax.lax.scan(tick, (jnp.zeros_like(xs[0]), jnp.zeros_like(xs)),
-                                    jnp.arange(microbatches + last))
+        outs = ticks(params, col, stage, xs[0], lambda i: (pick(xs, i), ctx))
         return model.head(top, outs.reshape(batch, *outs.shape[2:]), ctx, col)
 
     return forward
@@ -340,12 +383,13 @@ def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> l
 
 
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
-                     name: str, microbatches: int = 1, remat: str = "none") -> str:
+                     name: str, microbatches: int = 1, remat: str = "none", chunks: int = 1) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
     any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
     dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
-    With ``pp`` the layers are split into that many consecutive stages, run as a GPipe pipeline of
-    ``microbatches`` (:func:`pipeline_forward_fn`); without it, ``microbatches`` > 1 accumulates gradients.
+    With ``pp`` the layers are split into that many consecutive stages, run as a pipeline of
+    ``microbatches`` (:func:`pipeline_forward_fn`: GPipe, or interleaved with ``chunks`` per stage); without
+    it, ``microbatches`` > 1 accumulates gradients.
     ``remat``: activation recomputation (:data:`REMAT`)."""
     sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
     train = step == "train"
@@ -357,7 +401,8 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     if stages > 1:                             # each stage holds its consecutive layers
         p_specs["layers"] = jax.tree.map(lambda sp: P("pp", *tuple(sp)[1:]), p_specs["layers"],
                                          is_leaf=lambda sp: isinstance(sp, P))
-        forward = pipeline_forward_fn(model, stages=stages, microbatches=microbatches, scan=scan, remat=remat)
+        forward = pipeline_forward_fn(model, stages=stages, microbatches=microbatches, scan=scan, remat=remat,
+                                      chunks=chunks)
     else:
         forward = forward_fn(model, scan, remat)
     batch_axes = tuple(a for a in ("dp", "fsdp") if a in sizes)
@@ -453,7 +498,7 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
         mesh = mesh_of(p)
         return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=mesh,
                                 scan=p.get("scan", False), name=name, microbatches=microbatch_count(p, mesh),
-                                remat=p.get("remat", "none"))
+                                remat=p.get("remat", "none"), chunks=schedule_chunks(p.get("schedule", "gpipe")))
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p.get("scan", False), name=name)
 
