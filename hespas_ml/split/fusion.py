@@ -14,9 +14,9 @@ exports), those fusions are the kernels. Otherwise the grouping follows XLA's ma
   convert) when the epilogue is its only consumer;
 * **operand layouts** — a transpose or reverse (the flipped kernel of a backward-data convolution) whose
   only consumer is a dot or convolution is folded into it, as the backends do;
-* **in-place accumulation** — a ``dynamic_update_slice`` into zeros whose only consumer is an ``add`` (the
-  gradient of a dynamically indexed operand, summed over a loop's iterations) joins that add: XLA updates
-  the window of the sum in place (:func:`accumulated_window`);
+* **in-place accumulation** — a ``dynamic_update_slice`` into zeros, or a ``pad`` with zeros, whose only
+  consumer is an ``add`` (the gradient of a sliced operand, summed over a loop's iterations) joins that add:
+  XLA updates the window of the sum in place (:func:`accumulated_window`);
 * collectives, custom calls, sort, scatter, select_and_scatter, other in-place updates, copies and RNG are
   kernels of their own.
 """
@@ -56,12 +56,25 @@ def _is_zeros(graph: OpGraph, i: int) -> bool:
     return i >= 0 and ops[i].kind == "constant" and ops[i].attrs.get("value") == 0
 
 
+def window_update(graph: OpGraph, i: int) -> int | None:
+    """Which operand of op ``i`` is the window it places into zeros: ``dynamic_update_slice(zeros, u, …)``
+    (1) or ``pad(u, 0)`` without interior padding (0); None for any other op."""
+    op = graph.ops[i]
+    if op.kind == "dynamic_update_slice" and _is_zeros(graph, op.operands[0]):
+        return 1
+    if op.kind == "pad" and len(op.operands) > 1 and _is_zeros(graph, op.operands[1]) \
+            and not any(op.attrs.get("interior_padding") or []):
+        return 0
+    return None
+
+
 def accumulated_window(graph: OpGraph, i: int, users: list[list[int]]) -> bool:
-    """Whether op ``i`` is a ``dynamic_update_slice`` into zeros whose only consumer is an ``add`` in the
-    same loop: ``acc + dus(0, u, idx)``, which XLA runs as an in-place update of ``acc``'s window."""
+    """Whether op ``i`` places a window into zeros (:func:`window_update`) for an ``add`` in the same loop,
+    its only consumer: ``acc + dus(0, u, idx)`` or ``acc + pad(u, 0)``, which XLA runs as an in-place
+    update of ``acc``'s window (the gradient of a sliced operand, summed over a loop's iterations)."""
     ops = graph.ops
     op = ops[i]
-    if op.kind != "dynamic_update_slice" or len(users[i]) != 1 or not _is_zeros(graph, op.operands[0]):
+    if len(users[i]) != 1 or window_update(graph, i) is None:
         return False
     user = ops[users[i][0]]
     return user.kind == "add" and user.loop == op.loop and user.count == op.count

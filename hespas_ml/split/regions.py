@@ -24,7 +24,7 @@ from ..ingest.graph import Op, OpGraph, program_users
 from ..costs import (DECOMPOSED_OPS, ELEMENTWISE_OPS, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS,
                             program_costs)
 from .errors import SplitError
-from .fusion import FREE_KINDS, accumulated_window, fuse
+from .fusion import FREE_KINDS, accumulated_window, fuse, window_update
 from .hespas_blocks import hespas_blocks
 
 SPLITS = ("fusion", "linear", "individual", "hespas")
@@ -318,12 +318,12 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
         # acc + dus(0, u, idx), updated in place: the window of acc is read and written, not all of it
         add = ops[users[window][0]]
         j, p, t = next((j, p, t) for j, (p, t) in enumerate(zip(add.operands, add.operand_types)) if p != window)
-        update = float(ops[window].operand_types[1].nbytes)
+        update = float(ops[window].operand_types[window_update(graph, window)].nbytes)
         if p not in members:
             k.bytes -= read.get((p, t.nbytes) if p >= 0 else (-1 - add.id * 64 - j, t.nbytes), 0.0) - update
         if add.id in outputs or any(u not in members for u in users[add.id]) or not users[add.id]:
             k.bytes -= sum(t.nbytes for t in add.result_types) - update
-        k.vector_flops -= costs[add.id].flops - ops[window].operand_types[1].numel
+        k.vector_flops -= costs[add.id].flops - ops[window].operand_types[window_update(graph, window)].numel
     if vector_dtype_weight:
         k.dtype = max(vector_dtype_weight, key=vector_dtype_weight.get)
     elif k.matrix_dtype:

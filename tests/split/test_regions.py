@@ -212,8 +212,9 @@ def test_demand_adds_up_over_readers_and_is_whole_where_a_result_leaves_the_kern
 
 
 ACCUMULATE = """
-func.func @main(%acc: tensor<8x256x256xf32>, %g: tensor<1x256x256xf32>, %i: tensor<i32>, %acc2: tensor<8x256x256xf32>)
-    -> (tensor<8x256x256xf32>, tensor<8x256x256xf32>) {
+func.func @main(%acc: tensor<8x256x256xf32>, %g: tensor<1x256x256xf32>, %i: tensor<i32>, %acc2: tensor<8x256x256xf32>,
+                %acc3: tensor<8x256x256xf32>)
+    -> (tensor<8x256x256xf32>, tensor<8x256x256xf32>, tensor<8x256x256xf32>) {
   %z = stablehlo.constant dense<0.000000e+00> : tensor<f32>
   %zeros = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<f32>) -> tensor<8x256x256xf32>
   %c0 = stablehlo.constant dense<0> : tensor<i32>
@@ -223,15 +224,18 @@ func.func @main(%acc: tensor<8x256x256xf32>, %g: tensor<1x256x256xf32>, %i: tens
   %ones = stablehlo.broadcast_in_dim %one, dims = [] : (tensor<f32>) -> tensor<8x256x256xf32>
   %v = stablehlo.dynamic_update_slice %ones, %g, %i, %c0, %c0 : (tensor<8x256x256xf32>, tensor<1x256x256xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<8x256x256xf32>
   %other = stablehlo.add %acc2, %v : tensor<8x256x256xf32>
-  return %sum, %other : tensor<8x256x256xf32>, tensor<8x256x256xf32>
+  %e = stablehlo.exponential %g : tensor<1x256x256xf32>
+  %padded = stablehlo.pad %e, %z, low = [3, 0, 0], high = [4, 0, 0], interior = [0, 0, 0] : (tensor<1x256x256xf32>, tensor<f32>) -> tensor<8x256x256xf32>
+  %third = stablehlo.add %acc3, %padded : tensor<8x256x256xf32>
+  return %sum, %other, %third : tensor<8x256x256xf32>, tensor<8x256x256xf32>, tensor<8x256x256xf32>
 }
 """
 
 
 def test_a_window_added_into_zeros_is_an_in_place_update_of_the_sum():
-    """``acc + dynamic_update_slice(zeros, g, i)`` (the gradient of a dynamically indexed operand summed
-    over a loop) is one kernel touching only the window, as XLA runs it; into anything but zeros the update
-    is a whole tensor added."""
+    """``acc + dynamic_update_slice(zeros, g, i)`` or ``acc + pad(g, 0)`` (the gradient of a sliced operand
+    summed over a loop) is one kernel touching only the window, as XLA runs it; into anything but zeros the
+    update is a whole tensor added."""
     rg = split_program(parse_module(ACCUMULATE, "accumulate"), "fusion")
     window, whole = 256 * 256 * 4, 8 * 256 * 256 * 4
     kernels = {rg.graph.ops[max(k.op_ids)].id: k for r in rg.compute_regions() for k in r.kernels}
@@ -242,3 +246,6 @@ def test_a_window_added_into_zeros_is_an_in_place_update_of_the_sum():
     assert inplace.vector_flops == 256 * 256
     added = by_kind[("add",)]
     assert added.bytes == 3 * whole                       # acc2 and the updated ones read, the sum written
+    # a static window (the gradient of a slice: pad with zeros) the same way, its producer fused in
+    padded = by_kind[("add", "exponential", "pad")]
+    assert 3 * window <= padded.bytes <= 3 * window + 16 and padded.transcendentals == 256 * 256

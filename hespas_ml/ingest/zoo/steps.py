@@ -198,17 +198,20 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
     def pick(a, i):
         return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
 
-    def ticks(params, col, stage, first_input, make_fresh):
-        """The pipeline's ticks on ``stage`` (``make_fresh(i)``: microbatch ``i`` embedded, and its context);
-        the last stage's outputs of the last lap, one per microbatch."""
+    def ticks(params, col, stage, first_input, make_fresh=None, embedded=None, ctx=None):
+        """The pipeline's ticks on ``stage``; the last stage's outputs of the last lap, one per microbatch.
+        GPipe embeds microbatch ``i`` on the tick it enters (``make_fresh(i)``: it and its context);
+        interleaved, the first stage keeps every microbatch's input until its next lap anyway, so that
+        buffer starts as the microbatches embedded once (``embedded``, with their context ``ctx``)."""
         stack = params["layers"]
         per_chunk = jax.tree.leaves(stack)[0].shape[0] // chunks
 
         def tick(carry, t):
             if chunks == 1:
                 held, outs = carry
-                fresh, ctx = make_fresh(jnp.minimum(t, microbatches - 1))
-                h = run_layers(model, stack, jnp.where(stage == 0, fresh, held), ctx, col, scan=scan, remat=remat)
+                fresh, fresh_ctx = make_fresh(jnp.minimum(t, microbatches - 1))
+                h = run_layers(model, stack, jnp.where(stage == 0, fresh, held), fresh_ctx, col, scan=scan,
+                               remat=remat)
                 outs = jax.lax.dynamic_update_index_in_dim(outs, h, jnp.maximum(t - last, 0), 0)
                 return (jax.lax.ppermute(h, "pp", to_next), outs), None
             held, back, outs = carry
@@ -220,9 +223,7 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
             back = jax.lax.dynamic_update_index_in_dim(back, jnp.where(keep, held, pick(back, slot)), slot, 0)
             position = jnp.clip(t - stage, 0, laps - 1)       # this stage's place in its stream
             lap, mb = position // microbatches, position % microbatches
-            fresh, ctx = make_fresh(mb)
-            entering = jnp.where(lap == 0, fresh, pick(back, mb))
-            x = jnp.where(stage == 0, entering, held)
+            x = jnp.where(stage == 0, pick(back, mb), held)
             h = run_layers(model, stack, x, ctx, col, scan=scan, remat=remat, window=(lap * per_chunk, per_chunk))
             done = jnp.clip(t - last - (chunks - 1) * microbatches, 0, microbatches - 1)
             outs = jax.lax.dynamic_update_index_in_dim(outs, h, done, 0)
@@ -230,7 +231,7 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
 
         zeros = jnp.zeros_like(first_input)
         buffer = jnp.zeros((microbatches, *first_input.shape), first_input.dtype)
-        init = (zeros, buffer) if chunks == 1 else (zeros, buffer, jnp.zeros_like(buffer))
+        init = (zeros, buffer) if chunks == 1 else (zeros, embedded, buffer)
         final, _ = jax.lax.scan(tick, init, jnp.arange(laps + last))
         return final[-1]
 
@@ -250,8 +251,12 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
             def fresh(i):
                 return model.embed(top, tuple(pick(a, i) for a in parts), col)
 
-            first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
-            outs = ticks(params, col, stage, first, fresh)
+            if chunks == 1:
+                first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
+                outs = ticks(params, col, stage, first, fresh)
+            else:
+                x, ctx = model.embed(top, inputs, col)
+                outs = ticks(params, col, stage, split(x)[0], embedded=split(x), ctx=ctx)
 
             def through_head(total, i):
                 return total + head_loss(pick(outs, i), ctx, pick(goals, i)), None
@@ -262,7 +267,8 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
         x, ctx = model.embed(top, inputs, col)
         batch = x.shape[0]
         xs = split(x)
-        outs = ticks(params, col, stage, xs[0], lambda i: (pick(xs, i), ctx))
+        outs = (ticks(params, col, stage, xs[0], lambda i: (pick(xs, i), ctx)) if chunks == 1
+                else ticks(params, col, stage, xs[0], embedded=xs, ctx=ctx))
         return model.head(top, outs.reshape(batch, *outs.shape[2:]), ctx, col)
 
     return forward
