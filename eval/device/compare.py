@@ -4,8 +4,10 @@
 
 BASE and OTHER are results folders of ``eval/device/measure.py`` (or a measured folder's ``raw/``). Prints,
 for every region and program timed in both, OTHER's time over BASE's and both compile times, then the
-median and geometric mean of the ratios. Used to check what a change of XLA flags or of the machine does to
-the times before a run with it is trusted.
+median and geometric mean of the ratios; for regions, also both times less the launch overhead their
+labels record (as ``--fidelity measured`` counts them; a region timed in a loop pays a share of it per
+pass). Used to check what a change of XLA flags, of the timing (``--option loop=K``) or of the machine does
+to the times before a run with it is trusted.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hespas_ml.label.device_run import read_lines  # noqa: E402
+from hespas_ml.label.measured_fidelity import in_program  # noqa: E402
 
 
 def _ok(folder: Path, name: str, key: str) -> dict[str, dict]:
@@ -43,11 +46,15 @@ def compare(base: Path, other: Path, out=sys.stdout) -> dict[str, float]:
             continue
         print(f"{label}s timed in both: {len(both)} (XLA_FLAGS base {_flags(a)}; other {_flags(b)})", file=out)
         print(f"{'':<4}{'base (us)':>12} {'other (us)':>12} {'ratio':>7} {'compile base/other (s)':>24}  what", file=out)
-        ratios = []
+        ratios, inside = [], []
         for k in both:
             ra, rb = a[k], b[k]
             ratio = rb["seconds"] / ra["seconds"]
             ratios.append(ratio)
+            if label == "region":
+                less = [in_program(r["seconds"], json.dumps(r["meta"])) for r in (ra, rb)]
+                if less[0] > 0 and less[1] > 0:
+                    inside.append(less[1] / less[0])
             ca = ra["meta"].get("compile_s") or ra.get("compile_s") or float("nan")
             cb = rb["meta"].get("compile_s") or rb.get("compile_s") or float("nan")
             what = ra.get("family") or ra.get("source", "")[:70]
@@ -57,6 +64,10 @@ def compare(base: Path, other: Path, out=sys.stdout) -> dict[str, float]:
         figures[f"{label}_geomean_ratio"] = statistics.geometric_mean(ratios)
         print(f"{label}s: other / base median {figures[f'{label}_median_ratio']:.2f}, geometric mean "
               f"{figures[f'{label}_geomean_ratio']:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}", file=out)
+        if inside:
+            figures[f"{label}_in_program_median_ratio"] = statistics.median(inside)
+            print(f"{label}s less their launch overhead: other / base median {statistics.median(inside):.2f}, "
+                  f"range {min(inside):.2f}-{max(inside):.2f} over {len(inside)} (those left above zero)", file=out)
     return figures
 
 

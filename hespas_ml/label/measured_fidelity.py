@@ -47,11 +47,13 @@ def measured_folders(folders: str | os.PathLike[str] | list | None = None) -> li
 
 def in_program(seconds: float, meta: str | None) -> float:
     """A measured region's time inside a program: ``seconds`` less the dispatch overhead recorded in its
-    label's ``meta`` (JSON), never below zero; as it is where none was recorded."""
+    label's ``meta`` (JSON), never below zero; as it is where none was recorded. A region timed in a loop of
+    K + 1 passes per execution (``loop`` K) paid 1 / (K + 1) of the overhead per pass."""
     if not meta or "overhead_s" not in meta:
         return seconds
     try:
-        overhead = float(json.loads(meta).get("overhead_s") or 0.0)
+        facts = json.loads(meta)
+        overhead = float(facts.get("overhead_s") or 0.0) / (int(facts.get("loop") or 0) + 1)
     except (ValueError, TypeError, AttributeError):
         return seconds
     return max(0.0, seconds - overhead)

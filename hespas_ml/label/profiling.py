@@ -93,7 +93,8 @@ PROVENANCE_KEYS = ("jaxlib_version", "platform_version", "timing", "compute_capa
                    "memory_bytes", "cores")
 CACHED_FAILURES = ("compile", "inputs")   # failures that another attempt would repeat
 STATISTICS = ("median", "min")            # which sample statistic is the label
-SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed", "xla_flags")
+SAMPLING_OPTIONS = ("measure_s", "sample_s", "min_repeats", "max_repeats", "target_noise", "seed", "xla_flags",
+                    "loop")
 # the worker's glibc keeps freed memory: one arena, no mmap, no trim (see **Memory** above; ignored elsewhere)
 WORKER_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
                      "MALLOC_TRIM_THRESHOLD_": str(8 << 30)}
@@ -123,6 +124,10 @@ class ProfilingFidelity:
     ``statistic``: ``median`` (default) or ``min`` of the samples (then sampling never stops early).
     ``xla_flags``: the worker's ``XLA_FLAGS`` (default none, XLA's own settings; e.g.
     ``--xla_gpu_autotune_level=0`` compiles without autotuning), recorded with every label it takes.
+    ``loop``: 0 (default) times one execution of the region per call; K > 0 compiles it to run K + 1 times
+    per execution (a ``while`` loop, :func:`~.profiling_worker.looped`) and divides, so the launch of the
+    executable is paid once for all of them (a GPU's launch is as long as many regions); whole programs
+    (:meth:`time_module`) are timed one execution at a time either way.
     ``cache``: True for the default folder, a path, or False; ``cache_max_noise``: labels whose IQR /
     median exceeds it (timed while the machine was busy) are not cached, so they are timed again next
     time. ``lock_timeout_s``: how long to wait for
@@ -142,7 +147,7 @@ class ProfilingFidelity:
                  max_repeats: int = 200, target_noise: float = 0.02, sample_s: float = 0.01,
                  cache: bool | str | os.PathLike[str] = True, lock_timeout_s: float = 600.0, seed: int = 0,
                  cache_max_noise: float = 0.10, cores: int | None = 1, statistic: str = "median",
-                 compile_threads: int | None = None, xla_flags: str | None = None):
+                 compile_threads: int | None = None, xla_flags: str | None = None, loop: int = 0):
         for key, value in (("budget_s", budget_s), ("measure_s", measure_s), ("target_noise", target_noise),
                            ("sample_s", sample_s), ("lock_timeout_s", lock_timeout_s),
                            ("cache_max_noise", cache_max_noise)):
@@ -160,6 +165,9 @@ class ProfilingFidelity:
                 f.startswith("--xla_") for f in xla_flags.split())):
             raise FidelityError(f"profiling: xla_flags must be XLA flags (--xla_...) separated by spaces, "
                                 f"got {xla_flags!r}")
+        if not isinstance(loop, int) or isinstance(loop, bool) or not 0 <= loop <= 100_000:
+            raise FidelityError(f"profiling: loop must be a whole number from 0 to 100000, got {loop!r}")
+        self.loop = loop
         if statistic not in STATISTICS:
             raise FidelityError(f"profiling: statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
         self.statistic = statistic
@@ -276,7 +284,7 @@ class ProfilingFidelity:
         (``median_s``, ``iqr_s``, … and ``device``); FidelityError when it cannot be compiled or run."""
         with self._lock:
             worker = self._worker_for(target)
-            request = self._request(text)
+            request = {**self._request(text), "loop": 0}
             if measure_s is not None:
                 request["measure_s"] = float(measure_s)
             result = worker.profile(request, self.budget_s, self.lock_timeout_s)
@@ -354,7 +362,7 @@ class ProfilingFidelity:
         return {"text": text, "lock": self.lock_path(), "lock_timeout_s": self.lock_timeout_s,
                 "measure_s": self.measure_s, "min_repeats": self.min_repeats, "max_repeats": self.max_repeats,
                 "target_noise": self.target_noise, "sample_s": self.sample_s, "seed": self.seed,
-                "early_stop": self.statistic == "median"}
+                "early_stop": self.statistic == "median", "loop": self.loop}
 
     def _identity(self, worker: _Worker) -> dict[str, str]:
         """Backend, device and jax version the labels are measured on (the cache key's second half)."""

@@ -344,3 +344,41 @@ def test_gather_and_scatter_indices_are_spread_over_their_range(tmp_path, host):
         label = fid.label_modules([text], host)[0]
         step = fid.time_module(text, host, measure_s=0.05)
     assert label.status == "ok" and label.meta["index_inputs"] == 2 and step["index_inputs"] == 2
+
+
+def test_a_looped_module_runs_the_region_every_pass_and_returns_its_results():
+    """The looped form of a region (:func:`looped`) runs it K + 1 times in one execution: XLA keeps the
+    matrix product inside the loop (the barrier stops it hoisting the loop-invariant work out) and the
+    results are the region's own."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.extend import backend as jeb
+
+    from hespas_ml.label.profiling_worker import feedable, looped
+
+    text, _ = feedable(jax.jit(lambda a, b: (jnp.tanh(a @ b), a.sum())).lower(
+        jnp.ones((64, 64)), jnp.ones((64, 64))).as_text())
+    backend = jeb.get_backend("cpu")
+    device = backend.local_devices()[0]
+    options = jeb.get_compile_options(num_replicas=1, num_partitions=1)
+    a, b = (np.random.default_rng(i).random((64, 64), dtype=np.float32) for i in range(2))
+    args = [jax.device_put(x, device) for x in (a, b)]
+    plain = backend.compile_and_load(text, [device], options).execute(args)
+    loop = backend.compile_and_load(looped(text, 3), [device], options)
+    for got, want in zip(loop.execute(args), plain):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    hlo = loop.hlo_modules()[0].to_string()
+    blocks = {m.group(1): m.group(0) for m in re.finditer(r"(?ms)^%?([\w.\-]+) \(.*?^}", hlo)}
+    body = re.search(r"while\(.*?body=%?([\w.\-]+)", hlo).group(1)
+    called = re.findall(r"calls=%?([\w.\-]+)", blocks[body])
+    assert any("dot(" in blocks.get(name, "") for name in called), "the product left the loop"
+    with pytest.raises(ValueError, match="without parameters or results"):
+        looped(feedable(jax.jit(lambda: jnp.ones(3)).lower().as_text())[0], 3)
+    with ProfilingFidelity(cache=False, measure_s=0.05, loop=3) as fid:
+        label = fid.label_modules([text], load_target("host-cpu"))[0]
+    assert label.status == "ok" and label.meta["loop"] == 3
+    with pytest.raises(FidelityError, match="loop must be a whole number"):
+        ProfilingFidelity(loop=-1)
