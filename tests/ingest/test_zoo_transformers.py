@@ -87,6 +87,8 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:llama?mesh=pp:2&devices=2&schedule=1f1b", "schedule=1f1b is not one of gpipe, interleaved:V"),
     ("zoo:llama?mesh=pp:2&devices=2&schedule=interleaved:1", "interleaved needs V ≥ 2 chunks per stage"),
     ("zoo:llama?mesh=dp:2&devices=2&schedule=interleaved:2", "give the mesh a pp axis"),
+    ("zoo:llama?mesh=dp:2&devices=2&sp=true", "sp=true splits the sequence over tp: give the mesh a tp axis"),
+    ("zoo:llama?seq=30&mesh=tp:4&devices=4&sp=true", "sp=true: tp 4 does not divide seq 30"),
     ("zoo:llama?layers=4&mesh=pp:2&devices=2&schedule=interleaved:4",
      "schedule=interleaved:4: pp 2 × 4 chunks does not divide layers 4"),
     ("zoo:llama?layers=4&batch=6&mesh=pp:2&devices=2&microbatch=2&schedule=interleaved:2",

@@ -62,6 +62,9 @@ MESH_PARAMS = (
     ZooParam("remat", str, "none", "activation recomputation: none, selective (projections kept, attention "
              "recomputed) or full (each block's input kept)", choices=("none", "selective", "full"),
              optional=True),
+    ZooParam("sp", bool, False, "Megatron's sequence parallelism inside tp: between the tensor-parallel "
+             "regions the activations are split along the sequence (reduce-scatter and all-gather instead "
+             "of all-reduce)", optional=True),
 )
 """The parameters of a family laid out on a mesh of several axes (llama, gpt): the mesh, microbatches, the
 pipeline schedule and activation recomputation, all left out of the canonical spec at their defaults."""
@@ -194,6 +197,12 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
     if size and (p[batch_key] // shards) % size:
         return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each dp × fsdp shard "
                 f"holds ({batch_key} {p[batch_key]} over {shards})")
+    if p.get("sp"):
+        tp = mesh.get("tp", 1)
+        if tp == 1:
+            return "sp=true splits the sequence over tp: give the mesh a tp axis"
+        if p.get("seq", 0) % tp:
+            return f"sp=true: tp {tp} does not divide seq {p['seq']}"
     if chunks > 1:
         stages = mesh.get("pp", 1)
         if stages == 1:

@@ -11,7 +11,7 @@ vocabulary is padded as Megatron-LM pads it: up to a multiple of 128 × the tens
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (explicit collectives) or the same with
 ``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe (or with
 ``schedule=interleaved:V`` an interleaved) pipeline of ``microbatch``-sized microbatches (a tied embedding's
-gradient summed over the stages), and ``remat``
+gradient summed over the stages), ``sp=true`` Megatron's sequence parallelism inside tp, and ``remat``
 recomputes activations backward (see :mod:`.llama`). Under tp the heads and the MLP hidden units are split
 (Megatron), and so are the token embedding (by vocabulary rows) and the head (by columns), with Megatron's
 vocabulary-parallel cross-entropy; the position embedding is replicated, and a split layer's output bias is
@@ -111,11 +111,11 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     def embed(t, inputs, col):
         (tokens,) = inputs
-        return tf.vocab_embed(t["embed"], tokens, col) + t["pos"][None, :tokens.shape[1]], None
+        return tf.vocab_embed(t["embed"], tokens, col) + col.seq_shard(t["pos"][None, :tokens.shape[1]]), None
 
     def block(lp, x, ctx, col):
-        b, n, _ = x.shape
         h = col.enter_tp(tf.layer_norm(x, lp["ln1_g"], lp["ln1_b"]))
+        b, n, _ = h.shape              # the whole sequence (under sequence parallelism x holds a part)
         q, k, v = ((h @ lp[w] + lp[bias]).reshape(b, n, -1, hd)
                    for w, bias in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
         o = tf.attention(q, k, v, causal=True).reshape(b, n, -1)

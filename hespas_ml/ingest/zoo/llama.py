@@ -14,7 +14,8 @@ vocabulary-parallel cross-entropy. ``mesh=pp:S,dp:D,fsdp:F,tp:T`` (any of them; 
 several at once (:func:`~.steps.export_mesh_step`): ``pp`` splits the layers into S consecutive stages run as
 a GPipe pipeline of the microbatches ``microbatch`` makes (``schedule=interleaved:V``: V chunks per stage,
 each microbatch round the stages V times; without pp they accumulate gradients);
-``remat=selective|full`` recomputes activations backward.
+``remat=selective|full`` recomputes activations backward; ``sp=true`` adds Megatron's sequence
+parallelism to tp.
 
 Example sizes: the defaults have ~20M parameters; Llama-3.2-3B is
 ``layers=28&d_model=3072&heads=24&kv_heads=8&ffn=8192&vocab=128256&tied=true``.

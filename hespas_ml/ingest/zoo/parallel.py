@@ -125,6 +125,10 @@ def _pig_bwd(name, _, g):
 _psum_identity_grad.defvjp(_pig_fwd, _pig_bwd)
 
 
+SEQ_AXIS = 1
+"""The sequence axis of the transformer families' activations (``[batch, seq, d_model]``)."""
+
+
 class Collectives:
     """What a model calls where a parallel strategy communicates. ``strategy`` is ``"none"`` (single
     device or compiler-partitioned: every call is the identity) or one of :data:`EXPLICIT`, inside
@@ -133,11 +137,15 @@ class Collectives:
     maps a parameter group name to its FSDP layout (used by :meth:`gather`)."""
 
     def __init__(self, strategy: str = "none", size: int = 1, axes: dict[str, Axes] | None = None,
-                 mesh_axes: dict[str, str] | None = None):
+                 mesh_axes: dict[str, str] | None = None, sequence_parallel: bool = False):
         self.strategy = strategy
         self.size = size
         self.axes = axes or {}
         self.mesh_axes = mesh_axes if mesh_axes is not None else ({strategy: AXIS} if strategy in EXPLICIT else {})
+        # Megatron's sequence parallelism: between tensor-parallel regions the activations ([batch, seq,
+        # …]) are split over tp along the sequence, so the region's entry all-gathers and its exit
+        # reduce-scatters instead of all-reducing
+        self.sequence_parallel = sequence_parallel and "tp" in self.mesh_axes
 
     def gather(self, params: dict[str, Any], group: str) -> dict[str, Any]:
         """FSDP: the full parameters of ``group`` (those named in ``params``), all-gathered; their
@@ -150,14 +158,32 @@ class Collectives:
                 for k, v in params.items()}
 
     def enter_tp(self, x):
-        """Start of a tensor-parallel region (input of column-parallel matmuls)."""
+        """Start of a tensor-parallel region (input of column-parallel matmuls): its gradient all-reduced;
+        under sequence parallelism the sequence all-gathered (its gradient reduce-scattered)."""
         axis = self.mesh_axes.get("tp")
-        return x if axis is None else _identity_psum_grad(x, axis)
+        if axis is None:
+            return x
+        if self.sequence_parallel:
+            return jax.lax.all_gather(x, axis, axis=SEQ_AXIS, tiled=True)
+        return _identity_psum_grad(x, axis)
 
     def exit_tp(self, x):
-        """End of a tensor-parallel region (output of a row-parallel matmul): all-reduce."""
+        """End of a tensor-parallel region (output of a row-parallel matmul): all-reduce; under sequence
+        parallelism reduce-scatter along the sequence (its gradient all-gathered)."""
         axis = self.mesh_axes.get("tp")
-        return x if axis is None else _psum_identity_grad(x, axis)
+        if axis is None:
+            return x
+        if self.sequence_parallel:
+            return jax.lax.psum_scatter(x, axis, scatter_dimension=SEQ_AXIS, tiled=True)
+        return _psum_identity_grad(x, axis)
+
+    def seq_shard(self, x):
+        """Under sequence parallelism this device's part of ``x`` along the sequence (a table indexed by
+        position, broadcast over the batch); ``x`` otherwise."""
+        if not self.sequence_parallel:
+            return x
+        size = x.shape[SEQ_AXIS] // jax.lax.psum(1, self.mesh_axes["tp"])
+        return jax.lax.dynamic_slice_in_dim(x, self.tp_rank() * size, size, axis=SEQ_AXIS)
 
     def tp_rank(self):
         """This device's index along the tensor-parallel axis (0 without one)."""
@@ -192,6 +218,6 @@ def psum_replicated(grads: Any, axes: Any):
                         is_leaf=lambda a: a is None)
 
 
-__all__ = ["AXIS", "BATCH_SHARDED", "EXPLICIT", "Axes", "Collectives", "base_strategy",
+__all__ = ["AXIS", "BATCH_SHARDED", "EXPLICIT", "SEQ_AXIS", "Axes", "Collectives", "base_strategy",
            "fsdp_axis", "is_partitioned", "make_mesh", "psum_replicated",
            "spec"]

@@ -389,14 +389,16 @@ def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> l
 
 
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
-                     name: str, microbatches: int = 1, remat: str = "none", chunks: int = 1) -> str:
+                     name: str, microbatches: int = 1, remat: str = "none", chunks: int = 1,
+                     sequence_parallel: bool = False) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
     any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
     dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
     With ``pp`` the layers are split into that many consecutive stages, run as a pipeline of
     ``microbatches`` (:func:`pipeline_forward_fn`: GPipe, or interleaved with ``chunks`` per stage); without
     it, ``microbatches`` > 1 accumulates gradients.
-    ``remat``: activation recomputation (:data:`REMAT`)."""
+    ``remat``: activation recomputation (:data:`REMAT`); ``sequence_parallel``: Megatron's sequence
+    parallelism inside tp (:class:`~.parallel.Collectives`)."""
     sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
     train = step == "train"
     stages = sizes.get("pp", 1)
@@ -416,14 +418,19 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     in_batch = tuple(batch_spec for _ in model.inputs)
     opt = opt_shapes(shapes, optimizer) if train else ()
     col = Collectives("mesh", int(np.prod(list(sizes.values()) or [1])), fsdp_layout,
-                      mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes})
+                      mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes}, sequence_parallel=sequence_parallel)
     loss_scale = 1.0 / float(np.prod([sizes[a] for a in batch_axes] or [1]))
     if stages == 1:
         loss_scale /= microbatches
 
+    tp_axes = param_axes(model, tp_layout, stacked)
+
     def reduce(loss, grads):
         if "dp" in sizes:                      # fsdp's gradients come back reduce-scattered from the gathers
             grads = jax.tree.map(lambda g: jax.lax.psum(g, "dp"), grads)
+        if col.sequence_parallel:              # a norm's weights saw only this device's part of the sequence
+            grads = jax.tree.map(lambda a, g: jax.lax.psum(g, "tp") if a is None else g, tp_axes, grads,
+                                 is_leaf=lambda a: a is None)
         if stages > 1 and model.pp_shared:     # a tied embedding: first and last stage's gradients summed
             top = dict(grads["top"])
             top.update({k: jax.lax.psum(top[k], "pp") for k in model.pp_shared})
@@ -500,11 +507,12 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
     ``remat`` where the family has them): on the mesh ``p`` names, else on ``devices`` shared as ``parallel``
     says; the module is called ``zoo_<family>_<step>``."""
     name = f"zoo_{family}_{p['step']}"
-    if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none":
+    if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none" or p.get("sp"):
         mesh = mesh_of(p)
         return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=mesh,
                                 scan=p.get("scan", False), name=name, microbatches=microbatch_count(p, mesh),
-                                remat=p.get("remat", "none"), chunks=schedule_chunks(p.get("schedule", "gpipe")))
+                                remat=p.get("remat", "none"), chunks=schedule_chunks(p.get("schedule", "gpipe")),
+                                sequence_parallel=bool(p.get("sp")))
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p.get("scan", False), name=name)
 

@@ -104,8 +104,8 @@ DECODER_ATTENTION_TP = {"wq": 1, "wk": 1, "wv": 1, "wo": 0}
 
 def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives):
     """``x + attention(rms_norm(x))`` with RoPE and a causal mask; heads as the weights hold them."""
-    b, s, _ = x.shape
     h = col.enter_tp(rms_norm(x, lp["attn_norm"]))
+    b, s, _ = h.shape                  # the whole sequence (under sequence parallelism x holds a part)
     q = (h @ lp["wq"]).reshape(b, s, -1, head_dim)
     k = (h @ lp["wk"]).reshape(b, s, -1, head_dim)
     v = (h @ lp["wv"]).reshape(b, s, -1, head_dim)
@@ -150,11 +150,12 @@ def _own_rows(ids, rows: int, col: Collectives):
 
 def vocab_embed(table, tokens, col: Collectives):
     """Look ``tokens`` up in ``table``, this device's rows of the vocabulary under tp (the rows others hold
-    are zero here; one all-reduce sums them), else the whole table."""
+    are zero here; the tensor-parallel exit sums them: an all-reduce, or under sequence parallelism a
+    reduce-scatter leaving this device its part of the sequence), else the whole table."""
     if col.mesh_axes.get("tp") is None:
         return jnp.take(table, tokens, axis=0)
     local, inside = _own_rows(tokens, table.shape[0], col)
-    return col.tp_sum(jnp.take(table, local, axis=0) * inside[..., None].astype(table.dtype))
+    return col.exit_tp(jnp.take(table, local, axis=0) * inside[..., None].astype(table.dtype))
 
 
 def vocab_head(x, weight, col: Collectives):
