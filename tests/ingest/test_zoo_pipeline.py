@@ -164,3 +164,83 @@ def test_sequence_parallel_steps_move_a_part_of_the_sequence_between_tp_regions(
     assert norms and all(tp_groups == tuple(map(tuple, op.attrs["replica_groups"])) for op in norms)
     runs = {s: simulate(f"{spec}{s}", target="H100", system="switch:8x450") for s in ("", "&sp=true")}
     assert runs["&sp=true"].peak_memory_bytes < runs[""].peak_memory_bytes
+
+
+CONTEXT_PARALLEL_CHECK = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from hespas_ml.ingest.zoo import transformer as tf
+from hespas_ml.ingest.zoo.parallel import Collectives
+
+V, D, H, KV, B, S = 64, 16, 4, 2, 2, 8
+shapes = tf.decoder_attention_shapes(D, H, KV, jnp.float32)
+keys = iter(jax.random.split(jax.random.PRNGKey(0), 16))
+params = {n: 0.3 * jax.random.normal(next(keys), s.shape) for n, s in shapes.items()}
+params["attn_norm"] = 1 + params["attn_norm"]
+params.update(embed=jax.random.normal(next(keys), (V, D)), head=jax.random.normal(next(keys), (D, V)) / 4)
+tokens = jax.random.randint(next(keys), (B, S), 0, V)
+targets = (tokens * 7 + 3) % V
+tp_split = {"wq": P(None, "tp"), "wk": P(None, "tp"), "wv": P(None, "tp"), "wo": P("tp", None),
+            "embed": P("tp", None), "head": P(None, "tp")}
+
+def loss(p, tok, tgt, col):
+    x = tf.vocab_embed(p["embed"], tok, col)
+    rope = tuple(col.cp_shard(a, axis=0) for a in tf.rope_tables(S, D // H, jnp.float32))
+    x = tf.decoder_attention(p, x, D // H, rope, col)
+    return tf.vocab_loss(tf.vocab_head(x, p["head"], col), tgt, col)
+
+def run(axes, sp):
+    names = tuple(axes)
+    mesh = Mesh(np.array(jax.devices()[:int(np.prod(list(axes.values())))]).reshape(tuple(axes.values())), names)
+    col = Collectives("mesh", 4, mesh_axes={a: a for a in names}, sequence_parallel=sp)
+    split = {n: (tp_split.get(n, P()) if "tp" in names else P()) for n in params}
+    seq = P(None, "cp") if "cp" in names else P()
+    def step(p, tok, tgt):
+        value, grads = jax.value_and_grad(loss)(p, tok, tgt, col)
+        if "cp" in names:             # each device's mean over its part: one mean, its gradient summed
+            value = jax.lax.psum(value, "cp") / axes["cp"]
+            grads = jax.tree.map(lambda g: jax.lax.psum(g, "cp") / axes["cp"], grads)
+        if sp:
+            grads = {n: jax.lax.psum(g, "tp") if split[n] == P() else g for n, g in grads.items()}
+        return value, grads
+    return jax.shard_map(step, mesh=mesh, in_specs=(split, seq, seq), out_specs=(P(), split),
+                         check_vma=False)(params, tokens, targets)
+
+want = run({"one": 1}, False)
+for axes, sp in (({"cp": 2}, False), ({"cp": 4}, False), ({"cp": 2, "tp": 2}, False), ({"cp": 2, "tp": 2}, True)):
+    got = run(axes, sp)
+    np.testing.assert_allclose(want[0], got[0], rtol=1e-5, err_msg=str(axes))
+    for n in params:
+        np.testing.assert_allclose(want[1][n], got[1][n], rtol=1e-4, atol=1e-5, err_msg=f"{axes} {sp} {n}")
+"""
+
+
+def test_context_parallelism_computes_the_same_loss_and_gradients():
+    """On 4 host devices: with the sequence split over cp (each device its queries, the keys and values of
+    the whole sequence gathered, the causal mask at its place), alone or with tp and sp, the loss and every
+    gradient equal one device's."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CONTEXT_PARALLEL_CHECK], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_context_parallel_step_gathers_keys_and_values_over_cp():
+    """mesh=dp:2,cp:2: a device holds half the batch's half of each sequence, every layer all-gathers its
+    keys and values over its cp pair (and reduce-scatters their gradients back), and the gradients are
+    summed over dp and cp at once."""
+    g = load(f"{LLAMA}&mesh=dp:2,cp:2&devices=4")
+    assert "4x8xi32" in {str(t) for t in g.inputs}                   # 8 sequences of 16 over dp 2, cp 2
+    gathers = kinds(g, "all_gather")
+    cp_pairs = ((0, 1), (2, 3))
+    assert len(gathers) == 2 * 4 and all(tuple(map(tuple, op.attrs["replica_groups"])) == cp_pairs
+                                         for op in gathers)              # keys and values, 4 layers
+    assert {str(op.result_types[0]) for op in gathers} == {"4x16x2x16xf32"}
+    assert len(kinds(g, "reduce_scatter")) == 2 * 4
+    assert ((0, 1, 2, 3),) in groups_of(g, "all_reduce")                 # gradients over dp and cp
+    res = simulate(f"{LLAMA}&mesh=dp:2,cp:2&devices=4", target="H100", system="switch:4x450")
+    assert res.step_time_s > 0 and res.fits

@@ -45,14 +45,15 @@ def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str
     return None
 
 
-MESH_AXES = ("pp", "dp", "fsdp", "tp")
-"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), then fsdp and dp,
-pipeline stages (``pp``) outermost."""
+MESH_AXES = ("pp", "dp", "fsdp", "cp", "tp")
+"""The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), then context
+parallelism (``cp``: the sequence split), fsdp and dp, pipeline stages (``pp``) outermost."""
 
 
 MESH_PARAMS = (
-    ZooParam("mesh", str, "", "several of pp, dp, fsdp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 (their "
-             "product is devices; tp innermost, pp outermost); empty: the one axis of parallel", optional=True),
+    ZooParam("mesh", str, "", "several of pp, dp, fsdp, cp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 "
+             "(their product is devices; tp innermost, pp outermost; cp splits the sequence, its attention "
+             "gathering the keys and values); empty: the one axis of parallel", optional=True),
     ZooParam("microbatch", int, 0, "sequences per microbatch (0: the whole local batch at once); the local "
              "batch (batch / dp·fsdp) is cut into microbatches: a pipeline's (pp), else accumulated gradients",
              minimum=0, maximum=1 << 20, optional=True),
@@ -77,7 +78,8 @@ def format_mesh(mesh: dict[str, int]) -> str:
 
 def all_meshes(devices: int) -> list[dict[str, int]]:
     """Every (pp, dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order (without a
-    pipeline first)."""
+    pipeline first). Context parallelism is left out of the enumeration (cp 1): it pays off only for
+    sequences long enough to need it, which a layout search over one program does not choose."""
     out = []
     for pp in range(1, devices + 1):
         if devices % pp:
@@ -197,12 +199,15 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
     if size and (p[batch_key] // shards) % size:
         return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each dp × fsdp shard "
                 f"holds ({batch_key} {p[batch_key]} over {shards})")
+    cp = mesh.get("cp", 1)
+    if cp > 1 and p.get("seq", 0) % cp:
+        return f"cp {cp} does not divide seq {p['seq']}"
     if p.get("sp"):
         tp = mesh.get("tp", 1)
         if tp == 1:
             return "sp=true splits the sequence over tp: give the mesh a tp axis"
-        if p.get("seq", 0) % tp:
-            return f"sp=true: tp {tp} does not divide seq {p['seq']}"
+        if p.get("seq", 0) % (tp * cp):
+            return f"sp=true: tp {tp}{f' × cp {cp}' if cp > 1 else ''} does not divide seq {p['seq']}"
     if chunks > 1:
         stages = mesh.get("pp", 1)
         if stages == 1:

@@ -11,7 +11,8 @@ vocabulary is padded as Megatron-LM pads it: up to a multiple of 128 × the tens
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (explicit collectives) or the same with
 ``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe (or with
 ``schedule=interleaved:V`` an interleaved) pipeline of ``microbatch``-sized microbatches (a tied embedding's
-gradient summed over the stages), ``sp=true`` Megatron's sequence parallelism inside tp, and ``remat``
+gradient summed over the stages), ``sp=true`` Megatron's sequence parallelism inside tp, a ``cp`` axis the
+sequence split (context parallelism), and ``remat``
 recomputes activations backward (see :mod:`.llama`). Under tp the heads and the MLP hidden units are split
 (Megatron), and so are the token embedding (by vocabulary rows) and the head (by columns), with Megatron's
 vocabulary-parallel cross-entropy; the position embedding is replicated, and a split layer's output bias is
@@ -111,14 +112,17 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     def embed(t, inputs, col):
         (tokens,) = inputs
-        return tf.vocab_embed(t["embed"], tokens, col) + col.seq_shard(t["pos"][None, :tokens.shape[1]]), None
+        x = tf.vocab_embed(t["embed"], tokens, col)
+        # the whole table under context parallelism (the tokens are this device's part of the sequence)
+        positions = t["pos"][None] if "cp" in col.mesh_axes else t["pos"][None, :tokens.shape[1]]
+        return x + col.seq_shard(positions), None
 
     def block(lp, x, ctx, col):
         h = col.enter_tp(tf.layer_norm(x, lp["ln1_g"], lp["ln1_b"]))
         b, n, _ = h.shape              # the whole sequence (under sequence parallelism x holds a part)
         q, k, v = ((h @ lp[w] + lp[bias]).reshape(b, n, -1, hd)
                    for w, bias in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
-        o = tf.attention(q, k, v, causal=True).reshape(b, n, -1)
+        o = tf.causal_attention(q, k, v, col).reshape(b, n, -1)
         x = x + col.exit_tp(o @ lp["wo"]) + lp["bo"]
         h = col.enter_tp(tf.layer_norm(x, lp["ln2_g"], lp["ln2_b"]))
         h = jax.nn.gelu(h @ lp["w1"] + lp["b1"], approximate=True)

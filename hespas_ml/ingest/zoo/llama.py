@@ -15,7 +15,7 @@ several at once (:func:`~.steps.export_mesh_step`): ``pp`` splits the layers int
 a GPipe pipeline of the microbatches ``microbatch`` makes (``schedule=interleaved:V``: V chunks per stage,
 each microbatch round the stages V times; without pp they accumulate gradients);
 ``remat=selective|full`` recomputes activations backward; ``sp=true`` adds Megatron's sequence
-parallelism to tp.
+parallelism to tp; a ``cp`` axis splits the sequence (context parallelism: keys and values all-gathered).
 
 Example sizes: the defaults have ~20M parameters; Llama-3.2-3B is
 ``layers=28&d_model=3072&heads=24&kv_heads=8&ffn=8192&vocab=128256&tied=true``.
@@ -102,7 +102,10 @@ def generate(p: dict[str, Any]) -> str | bytes:
 
     def embed(t, inputs, col):
         (tokens,) = inputs
-        return tf.vocab_embed(t["embed"], tokens, col), tf.rope_tables(tokens.shape[1], hd, t["embed"].dtype)
+        x = tf.vocab_embed(t["embed"], tokens, col)
+        if "cp" in col.mesh_axes:        # this device's part of the sequence: its positions' rotations
+            return x, tuple(col.cp_shard(a, axis=0) for a in tf.rope_tables(p["seq"], hd, t["embed"].dtype))
+        return x, tf.rope_tables(tokens.shape[1], hd, t["embed"].dtype)
 
     def head(t, x, ctx, col):
         return tf.vocab_head(tf.rms_norm(x, t["final_norm"]), t["embed"].T if tied else t["head"], col)

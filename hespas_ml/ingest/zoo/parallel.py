@@ -178,12 +178,33 @@ class Collectives:
         return _psum_identity_grad(x, axis)
 
     def seq_shard(self, x):
-        """Under sequence parallelism this device's part of ``x`` along the sequence (a table indexed by
-        position, broadcast over the batch); ``x`` otherwise."""
-        if not self.sequence_parallel:
-            return x
-        size = x.shape[SEQ_AXIS] // jax.lax.psum(1, self.mesh_axes["tp"])
-        return jax.lax.dynamic_slice_in_dim(x, self.tp_rank() * size, size, axis=SEQ_AXIS)
+        """This device's part of ``x`` along the sequence (a table indexed by position, broadcast over the
+        batch) between the tensor-parallel regions: its context-parallel part, and of that its sequence-
+        parallel part; ``x`` without either."""
+        return self._part(self.cp_shard(x), "tp", SEQ_AXIS) if self.sequence_parallel else self.cp_shard(x)
+
+    def cp_shard(self, x, axis: int = SEQ_AXIS):
+        """Context parallelism: this device's part of ``x`` along the sequence ``axis`` (identity without cp)."""
+        return self._part(x, "cp", axis) if "cp" in self.mesh_axes else x
+
+    def cp_offset(self, local: int):
+        """The position of this device's first token in the whole sequence, ``local`` tokens a device (0
+        without cp)."""
+        return self.cp_rank() * local if "cp" in self.mesh_axes else 0
+
+    def cp_rank(self):
+        return jax.lax.axis_index(self.mesh_axes["cp"]) if "cp" in self.mesh_axes else 0
+
+    def cp_gather(self, x):
+        """Context parallelism: ``x`` (keys or values, ``[batch, seq part, …]``) over the whole sequence,
+        all-gathered (its gradient reduce-scattered); identity without cp."""
+        axis = self.mesh_axes.get("cp")
+        return x if axis is None else jax.lax.all_gather(x, axis, axis=SEQ_AXIS, tiled=True)
+
+    def _part(self, x, role: str, axis: int):
+        name = self.mesh_axes[role]
+        size = x.shape[axis] // jax.lax.psum(1, name)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(name) * size, size, axis=axis)
 
     def tp_rank(self):
         """This device's index along the tensor-parallel axis (0 without one)."""

@@ -414,20 +414,23 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     else:
         forward = forward_fn(model, scan, remat)
     batch_axes = tuple(a for a in ("dp", "fsdp") if a in sizes)
-    batch_spec = P(batch_axes) if batch_axes else P()
+    batch_spec = P(batch_axes or None, "cp") if "cp" in sizes else (P(batch_axes) if batch_axes else P())
     in_batch = tuple(batch_spec for _ in model.inputs)
     opt = opt_shapes(shapes, optimizer) if train else ()
     col = Collectives("mesh", int(np.prod(list(sizes.values()) or [1])), fsdp_layout,
-                      mesh_axes={a: a for a in ("fsdp", "tp") if a in sizes}, sequence_parallel=sequence_parallel)
-    loss_scale = 1.0 / float(np.prod([sizes[a] for a in batch_axes] or [1]))
+                      mesh_axes={a: a for a in ("fsdp", "cp", "tp") if a in sizes},
+                      sequence_parallel=sequence_parallel)
+    shared = batch_axes + (("cp",) if "cp" in sizes else ())     # devices whose losses make one mean
+    loss_scale = 1.0 / float(np.prod([sizes[a] for a in shared] or [1]))
     if stages == 1:
         loss_scale /= microbatches
 
     tp_axes = param_axes(model, tp_layout, stacked)
 
     def reduce(loss, grads):
-        if "dp" in sizes:                      # fsdp's gradients come back reduce-scattered from the gathers
-            grads = jax.tree.map(lambda g: jax.lax.psum(g, "dp"), grads)
+        replicas = tuple(a for a in ("dp", "cp") if a in sizes)
+        if replicas:                           # fsdp's gradients come back reduce-scattered from the gathers
+            grads = jax.tree.map(lambda g: jax.lax.psum(g, replicas), grads)
         if col.sequence_parallel:              # a norm's weights saw only this device's part of the sequence
             grads = jax.tree.map(lambda a, g: jax.lax.psum(g, "tp") if a is None else g, tp_axes, grads,
                                  is_leaf=lambda a: a is None)
@@ -435,7 +438,7 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
             top = dict(grads["top"])
             top.update({k: jax.lax.psum(top[k], "pp") for k in model.pp_shared})
             grads = {**grads, "top": top}
-        loss_axes = batch_axes + (("pp",) if stages > 1 else ())
+        loss_axes = shared + (("pp",) if stages > 1 else ())
         if loss_axes:
             loss = jax.lax.psum(loss, loss_axes)
         return loss, grads

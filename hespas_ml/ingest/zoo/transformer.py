@@ -49,23 +49,36 @@ def apply_rope(x, cos, sin):
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def attention(q, k, v, causal: bool):
+def attention(q, k, v, causal: bool, q_offset=None):
     """Scaled dot-product attention with grouped KV heads.
 
-    ``q`` ``[b, s, h, d]``, ``k``/``v`` ``[b, s, hk, d]`` with ``hk`` dividing ``h`` (each KV head
-    serves ``h/hk`` query heads); returns ``[b, s, h, d]``.
+    ``q`` ``[b, s, h, d]``, ``k``/``v`` ``[b, t, hk, d]`` with ``hk`` dividing ``h`` (each KV head
+    serves ``h/hk`` query heads); returns ``[b, s, h, d]``. ``q_offset``: the queries are positions
+    ``q_offset ..`` of the keys' sequence (context parallelism: this device's part of it); None: the same
+    positions as the keys.
     """
     b, s, h, d = q.shape
     hk = k.shape[2]
     qg = q.reshape(b, s, hk, h // hk, d)
     scores = jnp.einsum("bskgd,btkd->bkgst", qg, k) * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
     scores = scores.astype(jnp.float32)
-    if causal:
+    if causal and q_offset is not None:
+        mask = jnp.arange(k.shape[1])[None, :] <= jnp.arange(s)[:, None] + q_offset
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    elif causal:
         mask = jnp.tril(jnp.ones((s, s), dtype=bool))
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
     return out.reshape(b, s, h, d)
+
+
+def causal_attention(q, k, v, col: Collectives):
+    """Causal attention of this device's queries; under context parallelism against the keys and values
+    of the whole sequence (all-gathered over cp), masked by the queries' place in it."""
+    if "cp" not in col.mesh_axes:
+        return attention(q, k, v, causal=True)
+    return attention(q, col.cp_gather(k), col.cp_gather(v), causal=True, q_offset=col.cp_offset(q.shape[1]))
 
 
 def swiglu(x, w_gate, w_up, w_down):
@@ -111,7 +124,7 @@ def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives):
     v = (h @ lp["wv"]).reshape(b, s, -1, head_dim)
     cos, sin = rope
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o = attention(q, k, v, causal=True).reshape(b, s, -1)
+    o = causal_attention(q, k, v, col).reshape(b, s, -1)
     return x + col.exit_tp(o @ lp["wo"])
 
 
