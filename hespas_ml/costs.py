@@ -44,7 +44,8 @@ from functools import lru_cache
 from math import gcd, prod
 from typing import Any, Callable
 
-from .ingest.graph import COLLECTIVE_KINDS, Op, OpGraph, TensorType, last_program_table
+from .ingest.graph import (COLLECTIVE_KINDS, FUSED_ATTENTION, FUSED_ATTENTION_GRAD, Op, OpGraph, TensorType,
+                           last_program_table)
 
 MATRIX, VECTOR, NONE = "matrix", "vector", "none"
 UNITS = (MATRIX, VECTOR, NONE)
@@ -143,6 +144,11 @@ ANNOTATION_TARGETS = frozenset({
     "xla.sdy.PropagationBarrier",
 })
 """``custom_call`` targets that are free annotations (modelled, zero cost)."""
+
+# The fused attention stand-ins (FUSED_ATTENTION, FUSED_ATTENTION_GRAD: :mod:`hespas_ml.ingest.graph`): the
+# scores never reach memory, so the kernel reads its operands and writes its results once; of the s × t
+# scores a causal mask leaves half (on average over a context-parallel group's devices too). Forward: two
+# products over them, 2·b·h·s·t·d FLOPs; backward 2.5 times that (the scores recomputed, four products).
 
 
 # -- helpers --------------------------------------------------------------------------------------------
@@ -451,8 +457,15 @@ def _all_reduce(op: Op) -> OpCost:
 
 
 def _custom_call(op: Op) -> OpCost:
-    if op.attrs.get("call_target_name") in ANNOTATION_TARGETS:
+    target = op.attrs.get("call_target_name")
+    if target in ANNOTATION_TARGETS:
         return _free(op)
+    if target in (FUSED_ATTENTION, FUSED_ATTENTION_GRAD) and len(op.operand_types) >= 3:
+        b, s, h, d = op.operand_types[0].shape
+        t = op.operand_types[1].shape[1]
+        flops = 2.0 * b * h * s * t * d * (2.5 if target == FUSED_ATTENTION_GRAD else 1.0)
+        bin_, bout = _io(op)
+        return OpCost(flops, b * h * s * t / 2.0, bin_, bout, MATRIX, True)
     return _unknown(op)
 
 
@@ -487,7 +500,8 @@ _HANDLERS.update({
 del _k
 
 KNOWN_OPS = frozenset(_HANDLERS) - {"custom_call"}
-"""Every op kind the model costs (custom_call is costed only for annotation targets)."""
+"""Every op kind the model costs (custom_call is costed only for annotation targets and the fused attention
+stand-ins)."""
 
 
 def op_cost(op: Op) -> OpCost:

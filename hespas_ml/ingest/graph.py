@@ -28,6 +28,13 @@ DTYPE_BYTES: dict[str, float] = {
     "complex<f32>": 8, "complex<f64>": 16, "index": 8, "token": 0,
 }
 
+FUSED_ATTENTION = "hespas_fused_attention"
+FUSED_ATTENTION_GRAD = "hespas_fused_attention_grad"
+"""``custom_call`` targets standing for one fused causal attention kernel (FlashAttention, cuDNN's fused
+attention) and its backward: ``(q [b, s, h, d], k [b, t, hk, d], v) -> o [b, s, h, d]`` and
+``(q, k, v, o, do) -> (dq, dk, dv)``. The zoo writes them for ``attention=fused``; the cost model prices
+them (:mod:`hespas_ml.costs`); XLA cannot run them."""
+
 # The collective ops the pipeline splits out of compute (StableHLO names without the dialect).
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
                     "collective_broadcast")

@@ -43,11 +43,13 @@ from .bindings import TERMINATORS, describe_mlir_error, line_of, mlir, text_of
 from .bytecode_check import CHECKER
 from .device_groups import MAX_DEVICES, DeviceGroups
 from .errors import IngestError
-from .graph import ROLES_ATTR, Loop, Op, OpGraph, TensorType
+from .graph import FUSED_ATTENTION, FUSED_ATTENTION_GRAD, ROLES_ATTR, Loop, Op, OpGraph, TensorType
 from .prevalidate import MAX_RANK, MAX_TEXT_NESTING, prevalidate
 from .trip_count import EXACT_TRIP_STEPS, MAX_DERIVED_TRIPS, TripCounter
 
 _mlir = mlir     # the bindings, imported on first use (also used by eval/bench_pipeline.py)
+
+FUSED_ATTENTION_TARGETS = (FUSED_ATTENTION, FUSED_ATTENTION_GRAD)     # custom calls the cost model prices
 
 # Ops whose regions are reducer/comparator bodies: costed by the op itself, never inlined.
 _BODY_OPS = {"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter",
@@ -479,7 +481,7 @@ class _Ingester:
             attrs["body_op_kinds"] = kinds
         if "replica_groups" in attrs or "source_target_pairs" in attrs:
             self.devices.resolve(op, name.split(".", 1)[-1], attrs)
-        if name == "stablehlo.custom_call":
+        if name == "stablehlo.custom_call" and attrs.get("call_target_name") not in FUSED_ATTENTION_TARGETS:
             target = attrs.get("call_target_name", "?")
             self.warn(f"custom_call @{target} is not modelled (counted, costed as its memory traffic only)")
         self.ops.append(Op(oid, name, operands, operand_types, result_types, attrs, count, loop, fusion, path,

@@ -244,3 +244,25 @@ def test_a_context_parallel_step_gathers_keys_and_values_over_cp():
     assert ((0, 1, 2, 3),) in groups_of(g, "all_reduce")                 # gradients over dp and cp
     res = simulate(f"{LLAMA}&mesh=dp:2,cp:2&devices=4", target="H100", system="switch:4x450")
     assert res.step_time_s > 0 and res.fits
+
+
+def test_fused_attention_is_one_kernel_each_way_priced_as_flash_attention():
+    """attention=fused: each layer's attention is one custom call forward and one backward, which the cost
+    model prices (half of the causal score matrix, operands read and results written once); no score matrix
+    is kept for backward, so a device holds less."""
+    from hespas_ml.costs import op_cost
+    from hespas_ml.ingest.graph import FUSED_ATTENTION, FUSED_ATTENTION_GRAD
+
+    spec = f"{LLAMA}&mesh=dp:2,cp:2&devices=4"
+    g = load(f"{spec}&attention=fused")
+    calls = kinds(g, "custom_call")
+    assert sorted(op.attrs["call_target_name"] for op in calls) == [FUSED_ATTENTION] * 4 + [FUSED_ATTENTION_GRAD] * 4
+    forward = next(op for op in calls if op.attrs["call_target_name"] == FUSED_ATTENTION)
+    # 4 sequences' halves of 8 queries against all 16 keys, 4 heads of 16: 2·b·h·s·t·d
+    cost = op_cost(forward)
+    assert cost.modelled and cost.flops == 2 * 4 * 4 * 8 * 16 * 16 and cost.unit == "matrix"
+    assert cost.bytes == sum(t.nbytes for t in forward.operand_types) + forward.result_types[0].nbytes
+    assert not kinds(g, "reduce") or all("16x16" not in str(op.operand_types[0]) for op in kinds(g, "reduce"))
+    runs = {a: simulate(f"{spec}&attention={a}", target="H100", system="switch:4x450") for a in ("unfused", "fused")}
+    assert runs["fused"].peak_memory_bytes < runs["unfused"].peak_memory_bytes
+    assert not runs["fused"].unmodelled

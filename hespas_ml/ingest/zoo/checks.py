@@ -71,6 +71,14 @@ MESH_PARAMS = (
 pipeline schedule and activation recomputation, all left out of the canonical spec at their defaults."""
 
 
+ATTENTION_PARAM = ZooParam(
+    "attention", str, "unfused", "how attention runs: unfused (the scores written out, softmaxed and read back, "
+    "as XLA compiles it) or fused (one FlashAttention-style kernel each way: a stand-in custom call the cost "
+    "model prices and XLA cannot run, so such programs are not profiled)", choices=("unfused", "fused"),
+    optional=True)
+"""How the transformer families (llama, gpt) run attention."""
+
+
 def format_mesh(mesh: dict[str, int]) -> str:
     """``dp:2,tp:4`` of ``{"dp": 2, "fsdp": 1, "tp": 4}`` (the axes of size one left out; ``dp:1`` for none)."""
     return ",".join(f"{a}:{mesh[a]}" for a in MESH_AXES if mesh.get(a, 1) > 1) or "dp:1"

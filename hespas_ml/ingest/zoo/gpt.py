@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import MESH_PARAMS, check_heads, check_layout, parse_mesh
+from .checks import ATTENTION_PARAM, MESH_PARAMS, check_heads, check_layout, parse_mesh
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 VOCAB_MULTIPLE = 128          # Megatron-LM's make-vocab-size-divisible-by
@@ -50,6 +50,7 @@ PARAMS = (
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
     *MESH_PARAMS,
+    ATTENTION_PARAM,
 )
 
 
@@ -122,7 +123,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         b, n, _ = h.shape              # the whole sequence (under sequence parallelism x holds a part)
         q, k, v = ((h @ lp[w] + lp[bias]).reshape(b, n, -1, hd)
                    for w, bias in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
-        o = tf.causal_attention(q, k, v, col).reshape(b, n, -1)
+        o = tf.causal_attention(q, k, v, col, fused=p["attention"] == "fused").reshape(b, n, -1)
         x = x + col.exit_tp(o @ lp["wo"]) + lp["bo"]
         h = col.enter_tp(tf.layer_norm(x, lp["ln2_g"], lp["ln2_b"]))
         h = jax.nn.gelu(h @ lp["w1"] + lp["b1"], approximate=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import MESH_PARAMS, check_heads, check_layout, swiglu_hidden
+from .checks import ATTENTION_PARAM, MESH_PARAMS, check_heads, check_layout, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "dp-partitioned", "fsdp-partitioned", "tp-partitioned")
 
@@ -50,6 +50,7 @@ PARAMS = (
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp (shard_map, explicit "
              "collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
     *MESH_PARAMS,
+    ATTENTION_PARAM,
 )
 
 
@@ -111,7 +112,7 @@ def generate(p: dict[str, Any]) -> str | bytes:
         return tf.vocab_head(tf.rms_norm(x, t["final_norm"]), t["embed"].T if tied else t["head"], col)
 
     def block(lp, x, rope, col):
-        x = tf.decoder_attention(lp, x, hd, rope, col)
+        x = tf.decoder_attention(lp, x, hd, rope, col, fused=p["attention"] == "fused")
         h = col.enter_tp(tf.rms_norm(x, lp["mlp_norm"]))
         return x + col.exit_tp(tf.swiglu(h, lp["w_gate"], lp["w_up"], lp["w_down"]))
 

@@ -13,6 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ..graph import FUSED_ATTENTION, FUSED_ATTENTION_GRAD
 from .parallel import Collectives
 
 NORM_EPS = 1e-6
@@ -73,12 +74,43 @@ def attention(q, k, v, causal: bool, q_offset=None):
     return out.reshape(b, s, h, d)
 
 
-def causal_attention(q, k, v, col: Collectives):
+def causal_attention(q, k, v, col: Collectives, fused: bool = False):
     """Causal attention of this device's queries; under context parallelism against the keys and values
-    of the whole sequence (all-gathered over cp), masked by the queries' place in it."""
+    of the whole sequence (all-gathered over cp), masked by the queries' place in it. ``fused``: one fused
+    kernel (:func:`fused_attention`) instead of the scores written out, softmaxed and read back."""
+    if "cp" in col.mesh_axes:
+        k, v = col.cp_gather(k), col.cp_gather(v)
+    if fused:
+        return fused_attention(q, k, v)
     if "cp" not in col.mesh_axes:
         return attention(q, k, v, causal=True)
-    return attention(q, col.cp_gather(k), col.cp_gather(v), causal=True, q_offset=col.cp_offset(q.shape[1]))
+    return attention(q, k, v, causal=True, q_offset=col.cp_offset(q.shape[1]))
+
+
+@jax.custom_vjp
+def fused_attention(q, k, v):
+    """Causal attention as one fused kernel and its backward as another: ``custom_call``s to
+    :data:`~hespas_ml.ingest.graph.FUSED_ATTENTION` / ``FUSED_ATTENTION_GRAD`` (stand-ins the cost model
+    prices as FlashAttention; XLA cannot run them, so such programs are not profiled)."""
+    return _fused_forward(q, k, v)
+
+
+def _fused_forward(q, k, v):
+    return jax.ffi.ffi_call(FUSED_ATTENTION, jax.ShapeDtypeStruct(q.shape, q.dtype))(q, k, v)
+
+
+def _fused_fwd(q, k, v):
+    o = _fused_forward(q, k, v)
+    return o, (q, k, v, o)
+
+
+def _fused_bwd(res, do):
+    q, k, v, o = res
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, k, v))
+    return tuple(jax.ffi.ffi_call(FUSED_ATTENTION_GRAD, shapes)(q, k, v, o, do))
+
+
+fused_attention.defvjp(_fused_fwd, _fused_bwd)
 
 
 def swiglu(x, w_gate, w_up, w_down):
@@ -115,8 +147,9 @@ DECODER_ATTENTION_TP = {"wq": 1, "wk": 1, "wv": 1, "wo": 0}
 """Megatron split of the attention weights: q/k/v column-parallel (heads), output row-parallel."""
 
 
-def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives):
-    """``x + attention(rms_norm(x))`` with RoPE and a causal mask; heads as the weights hold them."""
+def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives, fused: bool = False):
+    """``x + attention(rms_norm(x))`` with RoPE and a causal mask; heads as the weights hold them
+    (``fused``: :func:`fused_attention`)."""
     h = col.enter_tp(rms_norm(x, lp["attn_norm"]))
     b, s, _ = h.shape                  # the whole sequence (under sequence parallelism x holds a part)
     q = (h @ lp["wq"]).reshape(b, s, -1, head_dim)
@@ -124,7 +157,7 @@ def decoder_attention(lp: dict, x, head_dim: int, rope, col: Collectives):
     v = (h @ lp["wv"]).reshape(b, s, -1, head_dim)
     cos, sin = rope
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o = causal_attention(q, k, v, col).reshape(b, s, -1)
+    o = causal_attention(q, k, v, col, fused).reshape(b, s, -1)
     return x + col.exit_tp(o @ lp["wo"])
 
 
