@@ -44,8 +44,8 @@ from functools import lru_cache
 from math import gcd, prod
 from typing import Any, Callable
 
-from .ingest.graph import (COLLECTIVE_KINDS, FUSED_ATTENTION, FUSED_ATTENTION_GRAD, Op, OpGraph, TensorType,
-                           last_program_table)
+from .ingest.graph import (COLLECTIVE_KINDS, FUSED_ATTENTION_GRAD, FUSED_ATTENTION_TARGETS, Op, OpGraph,
+                           TensorType, last_program_table)
 
 MATRIX, VECTOR, NONE = "matrix", "vector", "none"
 UNITS = (MATRIX, VECTOR, NONE)
@@ -460,7 +460,7 @@ def _custom_call(op: Op) -> OpCost:
     target = op.attrs.get("call_target_name")
     if target in ANNOTATION_TARGETS:
         return _free(op)
-    if target in (FUSED_ATTENTION, FUSED_ATTENTION_GRAD) and len(op.operand_types) >= 3:
+    if target in FUSED_ATTENTION_TARGETS and len(op.operand_types) >= 3:
         b, s, h, d = op.operand_types[0].shape
         t = op.operand_types[1].shape[1]
         flops = 2.0 * b * h * s * t * d * (2.5 if target == FUSED_ATTENTION_GRAD else 1.0)

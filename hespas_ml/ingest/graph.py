@@ -30,6 +30,7 @@ DTYPE_BYTES: dict[str, float] = {
 
 FUSED_ATTENTION = "hespas_fused_attention"
 FUSED_ATTENTION_GRAD = "hespas_fused_attention_grad"
+FUSED_ATTENTION_TARGETS = (FUSED_ATTENTION, FUSED_ATTENTION_GRAD)
 """``custom_call`` targets standing for one fused causal attention kernel (FlashAttention, cuDNN's fused
 attention) and its backward: ``(q [b, s, h, d], k [b, t, hk, d], v) -> o [b, s, h, d]`` and
 ``(q, k, v, o, do) -> (dq, dk, dv)``. The zoo writes them for ``attention=fused``; the cost model prices

@@ -43,13 +43,11 @@ from .bindings import TERMINATORS, describe_mlir_error, line_of, mlir, text_of
 from .bytecode_check import CHECKER
 from .device_groups import MAX_DEVICES, DeviceGroups
 from .errors import IngestError
-from .graph import FUSED_ATTENTION, FUSED_ATTENTION_GRAD, ROLES_ATTR, Loop, Op, OpGraph, TensorType
+from .graph import FUSED_ATTENTION_TARGETS, ROLES_ATTR, Loop, Op, OpGraph, TensorType
 from .prevalidate import MAX_RANK, MAX_TEXT_NESTING, prevalidate
 from .trip_count import EXACT_TRIP_STEPS, MAX_DERIVED_TRIPS, TripCounter
 
 _mlir = mlir     # the bindings, imported on first use (also used by eval/bench_pipeline.py)
-
-FUSED_ATTENTION_TARGETS = (FUSED_ATTENTION, FUSED_ATTENTION_GRAD)     # custom calls the cost model prices
 
 # Ops whose regions are reducer/comparator bodies: costed by the op itself, never inlined.
 _BODY_OPS = {"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter",

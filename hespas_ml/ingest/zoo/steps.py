@@ -256,7 +256,8 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
                 outs = ticks(params, col, stage, first, fresh)
             else:
                 x, ctx = model.embed(top, inputs, col)
-                outs = ticks(params, col, stage, split(x)[0], embedded=split(x), ctx=ctx)
+                xs = split(x)
+                outs = ticks(params, col, stage, xs[0], embedded=xs, ctx=ctx)
 
             def through_head(total, i):
                 return total + head_loss(pick(outs, i), ctx, pick(goals, i)), None
