@@ -48,12 +48,17 @@ def measured_folders(folders: str | os.PathLike[str] | list | None = None) -> li
 def in_program(seconds: float, meta: str | None) -> float:
     """A measured region's time inside a program: ``seconds`` less the dispatch overhead recorded in its
     label's ``meta`` (JSON), never below zero; as it is where none was recorded. A region timed in a loop of
-    K + 1 passes per execution (``loop`` K) paid 1 / (K + 1) of the overhead per pass."""
+    K + 1 passes per execution (``loop`` K) pays per pass what one pass of a trivial module looped the same
+    way took (``pass_overhead_s``: its share of the launch and the loop's own cost), or, where a label does
+    not record that, 1 / (K + 1) of the launch."""
     if not meta or "overhead_s" not in meta:
         return seconds
     try:
         facts = json.loads(meta)
-        overhead = float(facts.get("overhead_s") or 0.0) / (int(facts.get("loop") or 0) + 1)
+        if facts.get("loop") and facts.get("pass_overhead_s") is not None:
+            overhead = float(facts["pass_overhead_s"])
+        else:
+            overhead = float(facts.get("overhead_s") or 0.0) / (int(facts.get("loop") or 0) + 1)
     except (ValueError, TypeError, AttributeError):
         return seconds
     return max(0.0, seconds - overhead)

@@ -418,6 +418,7 @@ class Profiler:
         self.options = jeb.get_compile_options(num_replicas=1, num_partitions=1)
         self.pipelined = self.backend.platform in GPU_PLATFORMS
         self.overhead_s = self._overhead()
+        self._pass_overhead: dict[int, float] = {}
 
     def describe(self) -> dict[str, Any]:
         """What the labels are measured on: backend, device, versions, cores, dispatch overhead."""
@@ -438,14 +439,23 @@ class Profiler:
             facts["memory_bytes"] = int(limit)
         return facts
 
-    def _overhead(self) -> float:
+    def _overhead(self, loop: int = 0) -> float:
+        """The time one execution of :data:`TRIVIAL_MODULE` takes (with ``loop`` > 0: one pass of it
+        looped as :func:`looped` loops a region, its share of the launch plus what the loop itself costs
+        per pass)."""
         import numpy as np
 
-        compiled = self.compile(TRIVIAL_MODULE)
+        compiled = self.compile(TRIVIAL_MODULE, loop)
         args = [self.jax.device_put(np.float32(1.0), self.device)]
         call, finish = self._caller(compiled.exe, args)
         result = measure(call, 0.5, 5, 100, 0.05, 0.002, finish=finish)
-        return result["median_s"]
+        return result["median_s"] / compiled.passes
+
+    def pass_overhead(self, loop: int) -> float:
+        """:meth:`_overhead` of ``loop``, timed once per worker."""
+        if loop not in self._pass_overhead:
+            self._pass_overhead[loop] = self._overhead(loop)
+        return self._pass_overhead[loop]
 
     def compile(self, text: str, loop: int = 0) -> Compiled:
         """Compile a module (tuple parameters flattened, see :func:`feedable`; with ``loop`` > 0 run
@@ -498,6 +508,7 @@ class Profiler:
             for key in ("median_s", "iqr_s", "q1_s", "q3_s", "min_s", "mean_s"):
                 result[key] /= compiled.passes
             result["loop"] = compiled.passes - 1
+            result["pass_overhead_s"] = self.pass_overhead(compiled.passes - 1)
         result["compile_s"] = compiled.compile_s
         if isinstance(compiled.index_bounds, dict):
             result["index_inputs"] = len(compiled.index_bounds)

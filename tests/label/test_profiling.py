@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from hespas_ml.ingest import parse_file
 from hespas_ml.label.fidelity import FidelityError
+from hespas_ml.label.measured_fidelity import in_program
 from hespas_ml.label.profiling import ProfilingFidelity
 from hespas_ml.label.targets import load_target
 from hespas_ml.split.regions import split_program
@@ -380,5 +382,10 @@ def test_a_looped_module_runs_the_region_every_pass_and_returns_its_results():
     with ProfilingFidelity(cache=False, measure_s=0.05, loop=3) as fid:
         label = fid.label_modules([text], load_target("host-cpu"))[0]
     assert label.status == "ok" and label.meta["loop"] == 3
+    # what one pass of a trivial module costs in the same loop is recorded, and taken off the pass
+    assert 0 < label.meta["pass_overhead_s"] < label.meta["overhead_s"]
+    meta = json.dumps(label.meta)
+    assert in_program(label.seconds, meta) == pytest.approx(
+        max(0.0, label.seconds - label.meta["pass_overhead_s"]))
     with pytest.raises(FidelityError, match="loop must be a whole number"):
         ProfilingFidelity(loop=-1)
