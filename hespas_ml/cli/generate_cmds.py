@@ -1,4 +1,5 @@
-"""``generate traces``: synthetic Chakra traces that follow the statistics of given ones."""
+"""``generate traces``: synthetic Chakra traces that follow the statistics of given ones; ``generate regions``:
+synthetic StableHLO region programs drawn from a generator fitted on a dataset's region graphs."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from ..units import format_bytes, format_seconds
 
 
 def register(sub) -> None:
-    p = sub.add_parser("generate", help="synthetic workloads: traces that follow given ones",
+    p = sub.add_parser("generate", help="synthetic workloads: traces and region programs like given ones",
                        description="Write synthetic workloads drawn from the statistics of real ones.")
     what = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     t = what.add_parser("traces", help="Chakra traces whose compute and communication follow given traces",
@@ -28,6 +29,81 @@ def register(sub) -> None:
                                         "beside its et/ folder, if any)")
     t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     t.set_defaults(func=cmd_generate_traces)
+    r = what.add_parser("regions", help="StableHLO region programs drawn like a dataset's region graphs",
+                        description="Fit a layerwise generator of region graphs (hespas_ml.learn.layer_dag) on a "
+                                    "dataset's region graphs, draw graphs, give them shapes and element types by "
+                                    "construction and write those that MLIR verifies and the pipeline ingests and "
+                                    "splits as .mlir modules (hespas_ml.use.generate). A run that stops part-way "
+                                    "resumes: graphs already in the folder's manifest are not drawn again.")
+    r.add_argument("--like", required=True, help="a dataset folder (graphs.parquet, regions.parquet), e.g. "
+                                                 "eval/device/plans/h100 or a folder dataset build wrote")
+    r.add_argument("--n", type=int, required=True, help="graphs to draw")
+    r.add_argument("--out", required=True, help="folder for region-NNNNN.mlir, manifest.jsonl and the fitted "
+                                                "generator (generator.pt)")
+    r.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same modules")
+    r.add_argument("--families", help="only these families' graphs, comma-separated")
+    r.add_argument("--exclude-families", help="leave these families' graphs out, comma-separated")
+    r.add_argument("--generator", choices=("layerdag", "random"), default="layerdag",
+                   help="layerdag: the learned layerwise generator (default); random: the baseline")
+    r.add_argument("--epochs", type=int, default=6, help="layerdag: passes over the graphs when fitting")
+    r.add_argument("--max-graphs", type=int, default=1500, help="fit on at most this many graphs (drawn by "
+                                                                "--seed)")
+    r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    r.set_defaults(func=cmd_generate_regions)
+
+
+def _names(text: str | None) -> set[str] | None:
+    return {x.strip() for x in text.split(",") if x.strip()} if text else None
+
+
+def cmd_generate_regions(args) -> int:
+    import numpy as np
+
+    from ..learn.config import LearnError
+    from ..units import progress_bar
+    from ..use.generate import RealGraphs, fit_generator, generate_regions, load_or_fit, real_graphs
+
+    if args.n < 1:
+        raise LearnError(f"--n: must be at least 1, got {args.n}")
+    if args.epochs < 0 or args.max_graphs < 1:
+        raise LearnError("--epochs must be at least 0 and --max-graphs at least 1")
+    graphs = real_graphs(args.like)
+    keep, drop = _names(args.families), _names(args.exclude_families)
+    graphs = graphs.only(lambda f: (keep is None or f in keep) and (drop is None or f not in drop))
+    if not graphs.records:
+        raise LearnError(f"{args.like}: no region graph of the families asked for "
+                         f"(it has: {', '.join(sorted(set(real_graphs(args.like).families)))})")
+    if len(graphs.records) > args.max_graphs:
+        pick = np.random.default_rng(args.seed).choice(len(graphs.records), args.max_graphs, replace=False)
+        graphs = RealGraphs([graphs.records[i] for i in pick], [graphs.families[i] for i in pick])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = not args.json and sys.stderr.isatty()
+    if args.generator == "random":
+        generator = fit_generator(graphs, "random", seed=args.seed)
+    else:
+        with progress_bar(args.epochs, "fitting", "epoch", shown) as bar:
+            def step(epoch, epochs, nll):
+                bar.update(1)
+                bar.set_postfix(nll=f"{nll:.2f}")
+            generator = load_or_fit(out / "generator.pt", graphs, progress=step, epochs=args.epochs,
+                                    seed=args.seed)
+    with progress_bar(args.n, "drawing", "graph", shown) as bar:
+        def drawn(done, total):
+            bar.n = done
+            bar.refresh()
+        counts = generate_regions(generator, graphs, args.n, out, seed=args.seed, progress=drawn)
+    report = {"like": str(args.like), "graphs": len(graphs.records), "generator": args.generator,
+              "seed": args.seed, **counts}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    w = sys.stdout.write
+    w(f"fitted on     {len(graphs.records)} region graphs of {args.like} ({args.generator})\n")
+    w(f"drawn         {counts['drawn']} graphs (seed {args.seed}): {counts['valid']} valid, "
+      f"{counts['invalid']} refused (manifest.jsonl says why)\n")
+    w(f"written       {out}/region-NNNNN.mlir: {counts['regions']} regions after the fusion split\n")
+    return 0
 
 
 def cmd_generate_traces(args) -> int:

@@ -1,0 +1,171 @@
+"""Synthetic region programs: fit a generator on a dataset's region graphs, draw graphs, write the valid
+ones as StableHLO modules.
+
+:func:`real_graphs` reads a dataset folder's (or a device plan's) ``graphs.parquet`` with each region's
+family (``regions.parquet``). :func:`generate_regions` writes ``region-NNNNN.mlir`` into a folder with one
+line per drawn graph in ``manifest.jsonl`` (valid or not, and why; the regions the pipeline splits it
+into); a graph that fails validation is counted there and no module of it is written. Graph ``i`` is
+drawn and shaped from the seed and ``i`` alone, so a generation that is killed resumes where it stopped
+and gives the same modules it would have.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..learn.config import LearnError
+from ..learn.layer_dag import LayerDAGGenerator, RandomDagGenerator, load_generator, typed_dag
+from ..learn.region_programs import FLOATS, InvalidProgram, check_module, module_text, realise
+
+__all__ = ["RealGraphs", "real_graphs", "fit_generator", "load_or_fit", "generate_regions", "records_of"]
+
+MANIFEST = "manifest.jsonl"
+
+
+class RealGraphs:
+    """Region records of a dataset with their families, and what shapes and element types they read."""
+
+    def __init__(self, records: list[dict[str, Any]], families: list[str]):
+        self.records, self.families = records, families
+
+    def only(self, keep: Callable[[str], bool]) -> "RealGraphs":
+        pairs = [(r, f) for r, f in zip(self.records, self.families) if keep(f)]
+        return RealGraphs([r for r, _ in pairs], [f for _, f in pairs])
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The shapes of the floating-point inputs of the regions (what a generated graph is shaped from)."""
+        out = [tuple(x["shape"]) for r in self.records for x in r.get("inputs", [])
+               if x.get("dtype") in FLOATS and x.get("shape")]
+        return out or [(8, 256)]
+
+    def bf16_share(self) -> float:
+        dtypes = [x.get("dtype") for r in self.records for x in r.get("inputs", []) if x.get("dtype") in FLOATS]
+        return dtypes.count("bf16") / len(dtypes) if dtypes else 0.0
+
+
+def real_graphs(folder: str | os.PathLike[str]) -> RealGraphs:
+    """The region records of ``folder`` (a dataset or a device plan: ``graphs.parquet`` and
+    ``regions.parquet``); LearnError naming the file when one is missing or unreadable."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    tables = {}
+    for name, columns in (("graphs.parquet", ["hash", "graph"]), ("regions.parquet", ["hash", "family"])):
+        path = folder / name
+        if not path.is_file():
+            raise LearnError(f"{path}: no such file (a dataset folder holds graphs.parquet and regions.parquet)")
+        try:
+            tables[name] = pq.read_table(path, columns=columns).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line
+            raise LearnError(f"{path}: cannot read it: {str(exc).splitlines()[0]}") from None
+    family = {r["hash"]: r["family"] or "" for r in tables["regions.parquet"]}
+    records, families = [], []
+    for row in tables["graphs.parquet"]:
+        records.append(json.loads(row["graph"]))
+        families.append(family.get(row["hash"], ""))
+    return RealGraphs(records, families)
+
+
+def fit_generator(graphs: RealGraphs, kind: str = "layerdag", progress=None, **options):
+    """A generator fitted on ``graphs``: ``layerdag`` (:class:`LayerDAGGenerator`, ``options`` its
+    parameters) or ``random`` (:class:`RandomDagGenerator`)."""
+    dags = [d for d in (typed_dag(r) for r in graphs.records) if d is not None]
+    if kind == "random":
+        return RandomDagGenerator(seed=options.get("seed", 0)).fit(dags)
+    if kind != "layerdag":
+        raise LearnError(f"generator: unknown kind {kind!r} (choose layerdag or random)")
+    return LayerDAGGenerator(**options).fit(dags, progress=progress)
+
+
+def _done(out: Path, repair: bool = False) -> dict[int, dict[str, Any]]:
+    """The manifest's rows by index; with ``repair``, a last line cut short by a killed run is cut off."""
+    path = out / MANIFEST
+    rows: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        text = path.read_text()
+        if repair and text and not text.endswith("\n"):
+            text = text[:text.rfind("\n") + 1]
+            with open(path, "r+") as f:
+                f.truncate(len(text.encode()))
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:       # a line cut short when a run was killed: drawn again
+                continue
+            rows[int(row["index"])] = row
+    return rows
+
+
+def generate_regions(generator, graphs: RealGraphs, n: int, out: str | os.PathLike[str], seed: int = 0,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Draw graphs ``0 .. n-1`` (those not in ``out``'s manifest yet), shape and check each, write the
+    valid ones; returns the manifest's counts (``drawn``, ``valid``, ``invalid``, ``regions``, ``rewired``
+    slots). ``progress(done, n)`` after each graph."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = _done(out, repair=True)
+    shapes, bf16 = graphs.shapes(), graphs.bf16_share()
+    with open(out / MANIFEST, "a") as manifest:
+        for i in range(n):
+            if i in done:
+                continue
+            rng = np.random.default_rng([int(seed), i, 11])
+            dag = generator.sample_one(seed, i)
+            r = realise(dag, rng, shapes, dtype="bf16" if rng.random() < bf16 else "f32")
+            name = f"region-{i:05d}"
+            text = module_text(r, name.replace("-", "_"))
+            row: dict[str, Any] = {"index": i, "nodes": len(dag.kinds), "rewired": r.rewired}
+            try:
+                records = check_module(text, f"{out / name}.mlir")
+            except InvalidProgram as exc:
+                row.update(valid=False, reason=str(exc))
+            else:
+                tmp = out / f".{name}.mlir.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, out / f"{name}.mlir")
+                row.update(valid=True, file=f"{name}.mlir", regions=[rec["hash"] for rec in records])
+            manifest.write(json.dumps(row) + "\n")
+            manifest.flush()
+            done[i] = row
+            if progress is not None:
+                progress(len([k for k in done if k < n]), n)
+    rows = [done[i] for i in range(n) if i in done]
+    return {"drawn": len(rows), "valid": sum(r["valid"] for r in rows),
+            "invalid": sum(not r["valid"] for r in rows),
+            "regions": sum(len(r.get("regions", [])) for r in rows),
+            "rewired": sum(r["rewired"] for r in rows), "out": str(out)}
+
+
+def load_or_fit(path: Path, graphs: RealGraphs, progress=None, **options) -> LayerDAGGenerator:
+    """The generator saved at ``path`` when it was fitted on ``graphs`` with ``options``; else one fitted
+    now and saved there."""
+    import hashlib
+
+    fitted_on = hashlib.sha256("\n".join(sorted(r["hash"] for r in graphs.records)).encode()).hexdigest()
+    if path.is_file():
+        model = load_generator(path)
+        if model.fitted_on == fitted_on and all(model.config.get(k) == v for k, v in options.items()):
+            return model
+        if (path.parent / MANIFEST).is_file():
+            raise LearnError(f"{path.parent}: its graphs were drawn from a generator fitted on other graphs or "
+                             f"with other options; write to a new folder")
+    model = fit_generator(graphs, "layerdag", progress=progress, **options)
+    model.fitted_on = fitted_on
+    tmp = path.with_name(path.name + ".tmp")
+    model.save(tmp, fitted_on)
+    os.replace(tmp, path)
+    return model
+
+
+def records_of(out: str | os.PathLike[str], rows: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The region records of the valid modules written in ``out`` (ingested and split again)."""
+    out = Path(out)
+    found = []
+    for row in (rows if rows is not None else _done(out).values()):
+        if row.get("valid"):
+            found.extend(check_module((out / row["file"]).read_text(), str(out / row["file"])))
+    return found
