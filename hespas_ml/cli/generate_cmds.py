@@ -1,5 +1,6 @@
-"""``generate traces``: synthetic Chakra traces that follow the statistics of given ones; ``generate regions``:
-synthetic StableHLO region programs drawn from a generator fitted on a dataset's region graphs."""
+"""``generate traces``: synthetic Chakra traces that follow the statistics of given ones; ``generate regions``
+and ``generate programs``: synthetic StableHLO modules drawn from a generator fitted on a dataset's region
+graphs."""
 from __future__ import annotations
 
 import json
@@ -29,39 +30,55 @@ def register(sub) -> None:
                                         "beside its et/ folder, if any)")
     t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     t.set_defaults(func=cmd_generate_traces)
-    r = what.add_parser("regions", help="StableHLO region programs drawn like a dataset's region graphs",
-                        description="Fit a layerwise generator of region graphs (hespas_ml.learn.layer_dag) on a "
-                                    "dataset's region graphs, draw graphs, give them shapes and element types by "
-                                    "construction and write those that MLIR verifies and the pipeline ingests and "
-                                    "splits as .mlir modules (hespas_ml.use.generate). A run that stops part-way "
-                                    "resumes: graphs already in the folder's manifest are not drawn again.")
-    r.add_argument("--like", required=True, help="a dataset folder (graphs.parquet, regions.parquet), e.g. "
-                                                 "eval/device/plans/h100 or a folder dataset build wrote")
-    r.add_argument("--n", type=int, required=True, help="graphs to draw")
-    r.add_argument("--out", required=True, help="folder for region-NNNNN.mlir, manifest.jsonl and the fitted "
-                                                "generator (generator.pt)")
+    for what_kind in ("regions", "programs"):
+        _generated(what, what_kind)
+
+
+def _generated(what, kind: str) -> None:
+    if kind == "regions":
+        r = what.add_parser("regions", help="StableHLO region programs drawn like a dataset's region graphs",
+                            description="Fit a layerwise generator of region graphs (hespas_ml.learn.layer_dag) on "
+                                        "a dataset's region graphs, draw graphs, give them shapes and element types "
+                                        "by construction and write those that MLIR verifies and the pipeline "
+                                        "ingests and splits as .mlir modules (hespas_ml.use.generate). A run that "
+                                        "stops part-way resumes: graphs already in the folder's manifest are not "
+                                        "drawn again.")
+    else:
+        r = what.add_parser("programs", help="whole StableHLO programs of generated region graphs",
+                            description="As generate regions, but each program draws its size from the op counts "
+                                        "of the dataset's programs and chains generated graphs until it is that "
+                                        "large, each graph reading earlier graphs' results (one module each).")
+    r.add_argument("--like", required=True, help="a dataset folder (graphs.parquet, regions.parquet"
+                                                 + (", programs.parquet" if kind == "programs" else "")
+                                                 + "), e.g. eval/device/plans/h100 or a folder dataset build wrote")
+    r.add_argument("--n", type=int, required=True, help=f"{kind} to draw")
+    r.add_argument("--out", required=True, help=f"folder for {kind[:-1]}-NNNNN.mlir, manifest.jsonl and the "
+                                                "fitted generator (generator.pt)")
     r.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same modules")
-    r.add_argument("--families", help="only these families' graphs, comma-separated")
-    r.add_argument("--exclude-families", help="leave these families' graphs out, comma-separated")
+    r.add_argument("--families", help="only these families, comma-separated")
+    r.add_argument("--exclude-families", help="leave these families out, comma-separated")
     r.add_argument("--generator", choices=("layerdag", "random"), default="layerdag",
                    help="layerdag: the learned layerwise generator (default); random: the baseline")
     r.add_argument("--epochs", type=int, default=6, help="layerdag: passes over the graphs when fitting")
     r.add_argument("--max-graphs", type=int, default=1500, help="fit on at most this many graphs (drawn by "
                                                                 "--seed)")
+    if kind == "programs":
+        r.add_argument("--max-ops", type=int, default=2000, help="ops per program at most")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    r.set_defaults(func=cmd_generate_regions)
+    r.set_defaults(func=cmd_generate_modules, kind=kind)
 
 
 def _names(text: str | None) -> set[str] | None:
     return {x.strip() for x in text.split(",") if x.strip()} if text else None
 
 
-def cmd_generate_regions(args) -> int:
+def cmd_generate_modules(args) -> int:
     import numpy as np
 
     from ..learn.config import LearnError
     from ..units import progress_bar
-    from ..use.generate import RealGraphs, fit_generator, generate_regions, load_or_fit, real_graphs
+    from ..use.generate import (RealGraphs, fit_generator, generate_programs, generate_regions, load_or_fit,
+                                program_sizes, real_graphs)
 
     if args.n < 1:
         raise LearnError(f"--n: must be at least 1, got {args.n}")
@@ -69,7 +86,12 @@ def cmd_generate_regions(args) -> int:
         raise LearnError("--epochs must be at least 0 and --max-graphs at least 1")
     graphs = real_graphs(args.like)
     keep, drop = _names(args.families), _names(args.exclude_families)
-    graphs = graphs.only(lambda f: (keep is None or f in keep) and (drop is None or f not in drop))
+    wanted = lambda f: (keep is None or f in keep) and (drop is None or f not in drop)  # noqa: E731
+    graphs = graphs.only(wanted)
+    if args.kind == "programs":
+        if args.max_ops < 1:
+            raise LearnError(f"--max-ops: must be at least 1, got {args.max_ops}")
+        sizes = program_sizes(args.like, wanted)
     if not graphs.records:
         raise LearnError(f"{args.like}: no region graph of the families asked for "
                          f"(it has: {', '.join(sorted(set(real_graphs(args.like).families)))})")
@@ -88,11 +110,15 @@ def cmd_generate_regions(args) -> int:
                 bar.set_postfix(nll=f"{nll:.2f}")
             generator = load_or_fit(out / "generator.pt", graphs, progress=step, epochs=args.epochs,
                                     seed=args.seed)
-    with progress_bar(args.n, "drawing", "graph", shown) as bar:
+    with progress_bar(args.n, "drawing", args.kind[:-1], shown) as bar:
         def drawn(done, total):
             bar.n = done
             bar.refresh()
-        counts = generate_regions(generator, graphs, args.n, out, seed=args.seed, progress=drawn)
+        if args.kind == "programs":
+            counts = generate_programs(generator, graphs, sizes, args.n, out, seed=args.seed,
+                                       max_ops=args.max_ops, progress=drawn)
+        else:
+            counts = generate_regions(generator, graphs, args.n, out, seed=args.seed, progress=drawn)
     report = {"like": str(args.like), "graphs": len(graphs.records), "generator": args.generator,
               "seed": args.seed, **counts}
     if args.json:
@@ -100,9 +126,10 @@ def cmd_generate_regions(args) -> int:
         return 0
     w = sys.stdout.write
     w(f"fitted on     {len(graphs.records)} region graphs of {args.like} ({args.generator})\n")
-    w(f"drawn         {counts['drawn']} graphs (seed {args.seed}): {counts['valid']} valid, "
+    w(f"drawn         {counts['drawn']} {args.kind} (seed {args.seed}): {counts['valid']} valid, "
       f"{counts['invalid']} refused (manifest.jsonl says why)\n")
-    w(f"written       {out}/region-NNNNN.mlir: {counts['regions']} regions after the fusion split\n")
+    w(f"written       {out}/{args.kind[:-1]}-NNNNN.mlir: {counts['regions']} distinct regions after the "
+      f"fusion split\n")
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OP_KINDS", "ARITY", "TypedDag", "Realised", "realise", "module_text", "check_module",
+__all__ = ["OP_KINDS", "ARITY", "TypedDag", "Realised", "realise", "module_text", "program_text", "check_module",
            "InvalidProgram"]
 
 UNARY = ("exponential", "rsqrt", "negate", "sqrt", "tanh", "log", "abs", "sine", "cosine")
@@ -313,18 +313,13 @@ def _one(elem: str) -> str:
     return "true" if elem == "i1" else "1.000000e+00"
 
 
-def module_text(r: Realised, name: str = "synthetic") -> str:
-    """``r`` as a StableHLO module (generic op form) whose ``@main`` takes ``r.params`` and returns the
-    values of ``r.results``."""
-    lines = []
-    sig = ", ".join(f"%p{k}: {_ty(t)}" for k, t in enumerate(r.params))
-    res = ", ".join(_ty(r.types[i]) for i in r.results)
-    lines.append(f"module @{name} {{")
-    lines.append(f"  func.func public @main({sig}) -> ({res}) {{")
+def _emit(r: Realised, prefix: str, param_refs: list[str]) -> list[str]:
+    """The ops of ``r`` (values named ``%<prefix>v<i>``), its parameter ``k`` read as ``param_refs[k]``."""
+    emitted: list[str] = []
     extra = 0
 
     def ref(o: tuple[str, int]) -> str:
-        return f"%p{o[1]}" if o[0] == "p" else f"%v{o[1]}"
+        return param_refs[o[1]] if o[0] == "p" else f"%{prefix}v{o[1]}"
 
     def typ(o: tuple[str, int]) -> Tensor:
         return r.params[o[1]] if o[0] == "p" else r.types[o[1]]
@@ -336,54 +331,80 @@ def module_text(r: Realised, name: str = "synthetic") -> str:
         sig_i = f"({in_types}) -> {_ty(out)}"
         op = f"stablehlo.{kind}"
         if kind == "constant":
-            lines.append(f'    %v{i} = "stablehlo.constant"() {{value = dense<{_one(out[1])}> : {_ty(out)}}} : () -> {_ty(out)}')
+            emitted.append(f'    %{prefix}v{i} = "stablehlo.constant"() {{value = dense<{_one(out[1])}> : {_ty(out)}}} : () -> {_ty(out)}')
         elif kind == "iota":
-            lines.append(f'    %v{i} = "stablehlo.iota"() {{iota_dimension = {a["iota_dimension"]} : i64}} : () -> {_ty(out)}')
+            emitted.append(f'    %{prefix}v{i} = "stablehlo.iota"() {{iota_dimension = {a["iota_dimension"]} : i64}} : () -> {_ty(out)}')
         elif kind == "compare":
-            lines.append(f'    %v{i} = "{op}"({ins}) {{comparison_direction = #stablehlo<comparison_direction '
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{comparison_direction = #stablehlo<comparison_direction '
                          f'{a["comparison_direction"]}>}} : {sig_i}')
         elif kind == "broadcast_in_dim":
-            lines.append(f'    %v{i} = "{op}"({ins}) {{broadcast_dimensions = {_arr(a["broadcast_dimensions"])}}} : {sig_i}')
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{broadcast_dimensions = {_arr(a["broadcast_dimensions"])}}} : {sig_i}')
         elif kind == "transpose":
-            lines.append(f'    %v{i} = "{op}"({ins}) {{permutation = {_arr(a["permutation"])}}} : {sig_i}')
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{permutation = {_arr(a["permutation"])}}} : {sig_i}')
         elif kind == "reduce":
             elem = out[1]
-            init, extra = f"%c{extra}", extra + 1
-            lines.append(f'    {init} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
-            lines.append(f'    %v{i} = "stablehlo.reduce"({ins}, {init}) ({{')
-            lines.append(f'    ^bb0(%l{i}: tensor<{elem}>, %r{i}: tensor<{elem}>):')
-            lines.append(f'      %s{i} = "stablehlo.add"(%l{i}, %r{i}) : (tensor<{elem}>, tensor<{elem}>) -> tensor<{elem}>')
-            lines.append(f'      "stablehlo.return"(%s{i}) : (tensor<{elem}>) -> ()')
-            lines.append(f'    }}) {{dimensions = {_arr(a["dimensions"])}}} : ({in_types}, tensor<{elem}>) -> {_ty(out)}')
+            init, extra = f"%{prefix}c{extra}", extra + 1
+            emitted.append(f'    {init} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
+            emitted.append(f'    %{prefix}v{i} = "stablehlo.reduce"({ins}, {init}) ({{')
+            emitted.append(f'    ^bb0(%{prefix}l{i}: tensor<{elem}>, %{prefix}r{i}: tensor<{elem}>):')
+            emitted.append(f'      %{prefix}s{i} = "stablehlo.add"(%{prefix}l{i}, %{prefix}r{i}) : (tensor<{elem}>, tensor<{elem}>) -> tensor<{elem}>')
+            emitted.append(f'      "stablehlo.return"(%{prefix}s{i}) : (tensor<{elem}>) -> ()')
+            emitted.append(f'    }}) {{dimensions = {_arr(a["dimensions"])}}} : ({in_types}, tensor<{elem}>) -> {_ty(out)}')
         elif kind == "slice":
             shape = typ(ops[0])[0]
-            lines.append(f'    %v{i} = "{op}"({ins}) {{start_indices = {_arr(a["start"])}, limit_indices = '
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{start_indices = {_arr(a["start"])}, limit_indices = '
                          f'{_arr(a["limit"])}, strides = {_arr([1] * len(shape))}}} : {sig_i}')
         elif kind == "pad":
             elem = out[1]
-            value, extra = f"%c{extra}", extra + 1
-            lines.append(f'    {value} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
+            value, extra = f"%{prefix}c{extra}", extra + 1
+            emitted.append(f'    {value} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
             n = len(a["low"])
-            lines.append(f'    %v{i} = "{op}"({ins}, {value}) {{edge_padding_low = {_arr(a["low"])}, edge_padding_high = '
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}, {value}) {{edge_padding_low = {_arr(a["low"])}, edge_padding_high = '
                          f'{_arr(a["high"])}, interior_padding = {_arr([0] * n)}}} : ({in_types}, tensor<{elem}>) -> {_ty(out)}')
         elif kind == "concatenate":
-            lines.append(f'    %v{i} = "{op}"({ins}) {{dimension = {a["dimension"]} : i64}} : {sig_i}')
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{dimension = {a["dimension"]} : i64}} : {sig_i}')
         elif kind == "dot_general":
-            lines.append(f'    %v{i} = "{op}"({ins}) {{dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = '
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = '
                          f'[{a["lhs_contracting"]}], rhs_contracting_dimensions = [0]>}} : {sig_i}')
         elif kind == "convolution":
             s, p = a["stride"], a["pad"]
-            lines.append(f'    %v{i} = "{op}"({ins}) {{batch_group_count = 1 : i64, dimension_numbers = '
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) {{batch_group_count = 1 : i64, dimension_numbers = '
                          f'#stablehlo.conv<[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]>, feature_group_count = '
                          f'{a["groups"]} : i64, padding = dense<[[{p}, {p}], [{p}, {p}]]> : tensor<2x2xi64>, '
                          f'window_strides = {_arr([s, s])}}} : {sig_i}')
         else:                                       # element-wise, convert, reshape, select
-            lines.append(f'    %v{i} = "{op}"({ins}) : {sig_i}')
-    outs = ", ".join(f"%v{i}" for i in r.results)
-    lines.append(f'    "func.return"({outs}) : ({res}) -> ()')
-    lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+            emitted.append(f'    %{prefix}v{i} = "{op}"({ins}) : {sig_i}')
+    return emitted
+
+
+def module_text(r: Realised, name: str = "synthetic") -> str:
+    """``r`` as a StableHLO module (generic op form) whose ``@main`` takes ``r.params`` and returns the
+    values of ``r.results``."""
+    return program_text([r], name)
+
+
+def program_text(parts: list[Realised], name: str = "synthetic") -> str:
+    """Realised graphs one after another in one module: each parameter of a part reads the first result of
+    an earlier part of its type that nothing has read yet (else it is a parameter of ``@main``); ``@main``
+    returns every result nothing reads."""
+    params: list[Tensor] = []
+    available: list[tuple[Tensor, str]] = []
+    body: list[str] = []
+    for pi, r in enumerate(parts):
+        refs = []
+        for t in r.params:
+            k = next((k for k, (have, _) in enumerate(available) if have == t), None)
+            if k is not None:
+                refs.append(available.pop(k)[1])
+            else:
+                params.append(t)
+                refs.append(f"%a{len(params) - 1}")
+        body.extend(_emit(r, f"g{pi}_", refs))
+        available.extend((r.types[i], f"%g{pi}_v{i}") for i in r.results)
+    sig = ", ".join(f"%a{k}: {_ty(t)}" for k, t in enumerate(params))
+    res = ", ".join(_ty(t) for t, _ in available)
+    return "\n".join([f"module @{name} {{", f"  func.func public @main({sig}) -> ({res}) {{", *body,
+                      f'    "func.return"({", ".join(v for _, v in available)}) : ({res}) -> ()', "  }", "}"]) + "\n"
 
 
 def check_module(text: str, source: str = "<synthetic>") -> list[dict[str, Any]]:

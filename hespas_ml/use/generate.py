@@ -19,9 +19,10 @@ import numpy as np
 
 from ..learn.config import LearnError
 from ..learn.layer_dag import LayerDAGGenerator, RandomDagGenerator, load_generator, typed_dag
-from ..learn.region_programs import FLOATS, InvalidProgram, check_module, module_text, realise
+from ..learn.region_programs import FLOATS, InvalidProgram, check_module, module_text, program_text, realise
 
-__all__ = ["RealGraphs", "real_graphs", "fit_generator", "load_or_fit", "generate_regions", "records_of"]
+__all__ = ["RealGraphs", "real_graphs", "program_sizes", "fit_generator", "load_or_fit", "generate_regions",
+           "generate_programs", "records_of"]
 
 MANIFEST = "manifest.jsonl"
 
@@ -37,9 +38,13 @@ class RealGraphs:
         return RealGraphs([r for r, _ in pairs], [f for _, f in pairs])
 
     def shapes(self) -> list[tuple[int, ...]]:
-        """The shapes of the floating-point inputs of the regions (what a generated graph is shaped from)."""
-        out = [tuple(x["shape"]) for r in self.records for x in r.get("inputs", [])
-               if x.get("dtype") in FLOATS and x.get("shape")]
+        """Each region's largest floating-point input shape (what a generated graph is shaped from: one
+        drawn per graph)."""
+        out = []
+        for r in self.records:
+            floats = [x for x in r.get("inputs", []) if x.get("dtype") in FLOATS and x.get("shape")]
+            if floats:
+                out.append(tuple(max(floats, key=lambda x: x["bytes"])["shape"]))
         return out or [(8, 256)]
 
     def bf16_share(self) -> float:
@@ -68,6 +73,21 @@ def real_graphs(folder: str | os.PathLike[str]) -> RealGraphs:
         records.append(json.loads(row["graph"]))
         families.append(family.get(row["hash"], ""))
     return RealGraphs(records, families)
+
+
+def program_sizes(folder: str | os.PathLike[str], families: Callable[[str], bool] = lambda f: True) -> list[int]:
+    """The op counts of ``folder``'s programs (``programs.parquet``) of the families ``families`` keeps: how
+    large a synthetic program like them is drawn."""
+    import pyarrow.parquet as pq
+
+    path = Path(folder) / "programs.parquet"
+    if not path.is_file():
+        raise LearnError(f"{path}: no such file (a dataset folder holds programs.parquet)")
+    rows = pq.read_table(path, columns=["family", "status", "n_ops"]).to_pylist()
+    sizes = [int(r["n_ops"]) for r in rows if r["status"] == "ok" and r["n_ops"] and families(r["family"] or "")]
+    if not sizes:
+        raise LearnError(f"{path}: no program of the families asked for")
+    return sizes
 
 
 def fit_generator(graphs: RealGraphs, kind: str = "layerdag", progress=None, **options):
@@ -119,6 +139,57 @@ def generate_regions(generator, graphs: RealGraphs, n: int, out: str | os.PathLi
             name = f"region-{i:05d}"
             text = module_text(r, name.replace("-", "_"))
             row: dict[str, Any] = {"index": i, "nodes": len(dag.kinds), "rewired": r.rewired}
+            try:
+                records = check_module(text, f"{out / name}.mlir")
+            except InvalidProgram as exc:
+                row.update(valid=False, reason=str(exc))
+            else:
+                tmp = out / f".{name}.mlir.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, out / f"{name}.mlir")
+                row.update(valid=True, file=f"{name}.mlir", regions=[rec["hash"] for rec in records])
+            manifest.write(json.dumps(row) + "\n")
+            manifest.flush()
+            done[i] = row
+            if progress is not None:
+                progress(len([k for k in done if k < n]), n)
+    rows = [done[i] for i in range(n) if i in done]
+    return {"drawn": len(rows), "valid": sum(r["valid"] for r in rows),
+            "invalid": sum(not r["valid"] for r in rows),
+            "regions": sum(len(r.get("regions", [])) for r in rows),
+            "rewired": sum(r["rewired"] for r in rows), "out": str(out)}
+
+
+def generate_programs(generator, graphs: RealGraphs, sizes: list[int], n: int, out: str | os.PathLike[str],
+                      seed: int = 0, max_ops: int = 2000,
+                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Synthetic whole programs: program ``i`` draws a size from ``sizes`` (op counts of real programs, at
+    most ``max_ops``) and generated graphs until their ops reach it, each shaped as
+    :func:`generate_regions` shapes one, then chains them in one module
+    (:func:`~hespas_ml.learn.region_programs.program_text`: a graph's parameters read earlier graphs'
+    results of their type). Written, checked and resumed as :func:`generate_regions` does, as
+    ``program-NNNNN.mlir``; returns the manifest's counts."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = _done(out, repair=True)
+    shapes, bf16 = graphs.shapes(), graphs.bf16_share()
+    with open(out / MANIFEST, "a") as manifest:
+        for i in range(n):
+            if i in done:
+                continue
+            rng = np.random.default_rng([int(seed), i, 13])
+            target = min(int(sizes[int(rng.integers(len(sizes)))]), max_ops)
+            stream = int(rng.integers(2**31))
+            dtype = "bf16" if rng.random() < bf16 else "f32"
+            parts, ops = [], 0
+            while ops < target and len(parts) < max_ops:
+                dag = generator.sample_one(stream, len(parts))
+                parts.append(realise(dag, rng, shapes, dtype=dtype))
+                ops += len(dag.kinds)
+            name = f"program-{i:05d}"
+            text = program_text(parts, name.replace("-", "_"))
+            row: dict[str, Any] = {"index": i, "nodes": ops, "graphs": len(parts),
+                                   "rewired": sum(p.rewired for p in parts)}
             try:
                 records = check_module(text, f"{out / name}.mlir")
             except InvalidProgram as exc:

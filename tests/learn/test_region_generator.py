@@ -14,8 +14,8 @@ from hespas_ml.learn.config import LearnError
 from hespas_ml.learn.graph_distance import graph_statistics, mmd
 from hespas_ml.learn.layer_dag import LayerDAGGenerator, RandomDagGenerator, load_generator, typed_dag
 from hespas_ml.learn.region_programs import (ARITY, InvalidProgram, TypedDag, check_module, dag_layers,
-                                             module_text, realise)
-from hespas_ml.use.generate import generate_regions, load_or_fit, real_graphs
+                                             module_text, program_text, realise)
+from hespas_ml.use.generate import generate_programs, generate_regions, load_or_fit, program_sizes, real_graphs
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "eval" / "device" / "plans" / "h100"
@@ -123,6 +123,12 @@ def test_generate_regions_command(tmp_path):
     bad = subprocess.run(cmd[:6] + [str(tmp_path / "none")] + cmd[7:], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
     assert "graphs.parquet: no such file" in bad.stderr
+    programs = subprocess.run([sys.executable, "-m", "hespas_ml.cli.main", "generate", "programs", "--like",
+                               str(PLAN), "--n", "1", "--out", str(tmp_path / "programs"), "--families", "mlp",
+                               "--generator", "random", "--max-ops", "60", "--json"],
+                              capture_output=True, text=True, cwd=ROOT)
+    assert programs.returncode == 0, programs.stderr
+    assert json.loads(programs.stdout)["valid"] == len(list((tmp_path / "programs").glob("program-*.mlir")))
 
 
 def test_the_distance_is_zero_for_the_same_graphs_and_grows_with_a_shift(graphs):
@@ -131,3 +137,22 @@ def test_the_distance_is_zero_for_the_same_graphs_and_grows_with_a_shift(graphs)
     assert mmd(flops, flops) == pytest.approx(0.0, abs=1e-12)
     near = mmd(flops[:100], flops[100:])
     assert mmd(flops[:100], flops[100:] + 3.0) > 5 * near
+
+
+def test_a_synthetic_program_chains_generated_graphs_to_a_real_program_size(graphs, tmp_path):
+    """Each part reads earlier parts' results where their types meet (fewer parameters than the parts
+    have), the program is at least as large as the size it drew (or the cap), and the pipeline splits it."""
+    mlp = graphs.only(lambda f: f == "mlp")
+    gen = RandomDagGenerator().fit([typed_dag(r) for r in mlp.records])
+    rng = np.random.default_rng(0)
+    parts = [realise(gen.sample_one(1, j), rng, [(8, 64)], dtype="f32") for j in range(6)]
+    text = program_text(parts, "p")
+    assert text.count("%a") and text.count("func.func") == 1
+    header = text.splitlines()[1]
+    assert header.count("%a") < sum(len(p.params) for p in parts)
+    assert len(check_module(text)) >= 2
+    sizes = program_sizes(PLAN, lambda f: f == "mlp")
+    counts = generate_programs(gen, mlp, sizes, 2, tmp_path, seed=0, max_ops=150)
+    rows = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    assert counts["drawn"] == 2 and all(r["nodes"] >= min(min(sizes), 150) for r in rows)
+    assert all((tmp_path / r["file"]).is_file() for r in rows if r["valid"])
