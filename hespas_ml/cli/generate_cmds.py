@@ -32,6 +32,53 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_generate_traces)
     for what_kind in ("regions", "programs"):
         _generated(what, what_kind)
+    k = what.add_parser("lookalike", help="a stand-in for a program one cannot share: same FLOPs, bytes and "
+                                          "step time on a target",
+                        description="Write a synthetic module with the per-device FLOPs, kernel bytes and roofline "
+                                    "step time of PROGRAM on TARGET (one matrix product and one element-wise chain, "
+                                    "sized to carry its compute-bound and its memory-bound kernels; "
+                                    "hespas_ml.use.lookalike), simulate both and say how far apart they are. "
+                                    "Single-device programs (no collectives).")
+    k.add_argument("program", help="a .mlir file or a zoo: spec")
+    k.add_argument("--target", default="H100", help="the target it must match on (default H100)")
+    k.add_argument("--out", required=True, help="the .mlir file to write")
+    k.add_argument("--tolerance", type=float, default=0.05,
+                   help="largest relative difference allowed in FLOPs, bytes and step time (default 0.05); "
+                        "beyond it the command fails, after writing the module")
+    k.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    k.set_defaults(func=cmd_generate_lookalike)
+
+
+def cmd_generate_lookalike(args) -> int:
+    from ..label.targets import load_target
+    from ..learn.config import LearnError
+    from ..use.lookalike import make_lookalike
+
+    if not 0 < args.tolerance < 1:
+        raise LearnError(f"--tolerance: must be between 0 and 1, got {args.tolerance}")
+    target = load_target(args.target)
+    text, report = make_lookalike(args.program, target)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    worst = max(abs(report[k]["error"]) for k in ("flops", "kernel_bytes", "step_time_s"))
+    report.update(out=str(out), tolerance=args.tolerance, within=worst <= args.tolerance)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        w = sys.stdout.write
+        w(f"written       {out} (stands in for {args.program} on {target.name})\n\n")
+        w(f"  {'per device':<22} {'program':>14} {'lookalike':>14} {'error':>8}\n")
+        for key, label, fmt in (("flops", "FLOPs", lambda v: f"{v:.4g}"),
+                                ("kernel_bytes", "bytes (kernels)", format_bytes),
+                                ("step_time_s", "step time (roofline)", format_seconds)):
+            r = report[key]
+            w(f"  {label:<22} {fmt(r['program']):>14} {fmt(r['lookalike']):>14} {r['error']:>+8.2%}\n")
+    if not report["within"]:
+        print(f"hespas-ml: error: {out}: the lookalike is {worst:.1%} off, beyond --tolerance {args.tolerance}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _generated(what, kind: str) -> None:
