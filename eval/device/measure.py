@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="time on this target instead of the plan's (a rehearsal, e.g. host-cpu)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="override a profiling option of the plan, e.g. measure_s=0.2")
+    ap.add_argument("--retime-unlooped", type=int, default=0, metavar="N",
+                    help="with --option loop=K: time again, looped and first, the first N regions of the "
+                         "regions phase that were timed one execution at a time")
     args = ap.parse_args(argv)
     try:
         options = {}
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             options[key] = json.loads(value)
         record = run_plan(args.plan, args.out, budget_s=args.budget_s,
                           phases=tuple(p for p in args.phases.split(",") if p), retry_failed=args.retry_failed,
-                          options=options, target=args.target)
+                          options=options, target=args.target, retime_unlooped=args.retime_unlooped)
     except (HespasError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

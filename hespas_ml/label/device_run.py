@@ -101,15 +101,16 @@ class _Log:
         self.handle.close()
 
 
-def _done(row: dict[str, Any]) -> tuple[str, bool]:
-    """A result row's status, and whether it says how its index inputs were drawn (rows written before
-    gathers and scatters got their indices spread over their range do not: such a row is timed again)."""
+def _done(row: dict[str, Any]) -> tuple[str, bool, bool]:
+    """A result row's status, whether it says how its index inputs were drawn (rows written before
+    gathers and scatters got their indices spread over their range do not: such a row is timed again), and
+    whether it was timed in a loop."""
     meta = row.get("meta")
     try:
         meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
     except ValueError:
         meta = {}
-    return row["status"], "index_inputs" in meta or row["status"] != "ok"
+    return row["status"], "index_inputs" in meta or row["status"] != "ok", bool(meta.get("loop"))
 
 
 def _label_row(item: dict[str, Any], label, target: str, seconds: float) -> dict[str, Any]:
@@ -126,14 +127,16 @@ def _label_row(item: dict[str, Any], label, target: str, seconds: float) -> dict
 
 def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, budget_s: float = 450.0,
              phases: tuple[str, ...] = PHASES, retry_failed: bool = False, chunk: int | None = None,
-             target: str | None = None,
+             target: str | None = None, retime_unlooped: int = 0,
              options: dict[str, Any] | None = None, echo: TextIO | None = sys.stderr,
              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Time what is left of the plan in ``plan_dir`` within ``budget_s`` seconds, results in ``out_dir``
     (see the module docstring). ``options`` override the plan's profiling options; ``chunk``: regions
     timed between two checks of the clock (default 4 × the compile threads); ``target``: time on this
     target instead of the plan's (a rehearsal on another machine, e.g. ``host-cpu``: the results say what
-    they were measured on, and collecting them for the plan's target refuses them). Returns the run's
+    they were measured on, and collecting them for the plan's target refuses them); ``retime_unlooped``:
+    with a ``loop`` option, time again the first that many regions of the ``regions`` phase (the step
+    programs' regions come first) whose labels were timed one execution at a time. Returns the run's
     record."""
     plan_path = Path(plan_dir)
     try:
@@ -171,14 +174,22 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         done_labels = {r["hash"]: _done(r) for r in read_lines(out / "labels.jsonl")}
         done_steps = {r["id"]: _done(r) for r in read_lines(out / "steps.jsonl")}
 
-        def todo(done: tuple[str, bool] | None, text: str) -> bool:
+        def todo(done: tuple[str, bool, bool] | None, text: str) -> bool:
             if done is None:
                 return True
-            status, index_inputs = done
+            status, index_inputs, _ = done
             return (retry_failed and status != "ok") or (not index_inputs and may_index(text))
 
+        retime: set[str] = set()
+        if retime_unlooped and (options or {}).get("loop"):
+            unlooped = [it["hash"] for it in regions if it["phase"] == "regions"
+                        and done_labels.get(it["hash"], ("", True, True))[0] == "ok"
+                        and not done_labels[it["hash"]][2]]
+            retime = set(unlooped[:retime_unlooped])
+            log(f"regions: {len(retime)} timed one execution at a time are timed again in a loop first")
+
         def todo_label(item: dict[str, Any]) -> bool:
-            return todo(done_labels.get(item["hash"]), item["text"])
+            return item["hash"] in retime or todo(done_labels.get(item["hash"]), item["text"])
 
         def todo_step(item: dict[str, Any]) -> bool:
             return todo(done_steps.get(item["id"]), item["text"])
@@ -204,7 +215,8 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                 each = took / max(1, len(part))
                 for item, label in zip(part, got):
                     labels_out.write(_label_row(item, label, target.name, each))
-                    done_labels[item["hash"]] = (label.status, True)
+                    done_labels[item["hash"]] = (label.status, True, bool(label.meta.get("loop")))
+                    retime.discard(item["hash"])
                 n += len(part)
                 rate = n / max(1e-9, clock() - began)
                 log(f"{phase}: {n} regions timed this call, {len(todo)} left ({rate:.1f}/s)")
@@ -235,7 +247,7 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                                                default=str))
                 row.update(wall_s=time.perf_counter() - t0, finished_at=time.time())
                 steps_out.write(row)
-                done_steps[item["id"]] = (row["status"], True)
+                done_steps[item["id"]] = (row["status"], True, False)
                 n += 1
                 shown = f"{row['seconds'] * 1e3:.3f} ms" if row["status"] == "ok" else row["reason"]
                 log(f"{phase}: {item['source']}: {shown}")

@@ -395,3 +395,27 @@ def test_results_timed_before_indices_were_spread_are_timed_again(plan, tmp_path
     assert json.loads(again[0]["meta"])["index_inputs"] == 2
     timed = sum(1 for r in regions if r["phase"] == "regions")
     assert len(rows) == 2 + (timed - 1) + 1 and regions[0]["phase"] == "regions"   # the others timed once
+
+
+def test_regions_timed_one_execution_at_a_time_are_timed_again_in_a_loop_first(plan, tmp_path):
+    """With a loop option and ``retime_unlooped`` N, the first N regions of the regions phase whose labels
+    were timed one execution at a time are timed again, looped, before anything new; without the loop
+    option nothing is timed again."""
+    folder, _ = plan
+    regions = [r for r in read_jsonl_gz(folder / "plan" / "regions.jsonl.gz") if r["phase"] == "regions"]
+    out = tmp_path / "results"
+    out.mkdir()
+    old = [{"hash": r["hash"], "status": "ok", "seconds": 1.0, "meta": json.dumps({"index_inputs": 0})}
+           for r in regions[:3]]
+    (out / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    run_plan(folder / "plan", out, budget_s=120, phases=("regions",), echo=None, retime_unlooped=2)
+    first = read_lines(out / "labels.jsonl")[3:]
+    assert first and not {r["hash"] for r in first} & {r["hash"] for r in regions[:3]}   # no loop: not again
+    (out / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    run_plan(folder / "plan", out, budget_s=120, phases=("regions",), echo=None, retime_unlooped=2,
+             options={"loop": 2}, chunk=2)
+    rows = read_lines(out / "labels.jsonl")[3:]
+    assert [r["hash"] for r in rows[:2]] == [r["hash"] for r in regions[:2]]
+    assert all(json.loads(r["meta"]).get("loop") == 2 for r in rows if r["status"] == "ok")
+    assert regions[2]["hash"] not in {r["hash"] for r in rows}          # the third keeps its one label
+    assert "2 timed one execution at a time are timed again in a loop first" in (out / "log.txt").read_text()
