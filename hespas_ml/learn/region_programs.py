@@ -422,6 +422,9 @@ def check_module(text: str, source: str = "<synthetic>") -> list[dict[str, Any]]
         found = program_records(split_program(graph))["regions"]
     except (HespasError, ValueError) as exc:
         raise InvalidProgram(f"{source}: {str(exc).splitlines()[0][:300]}") from None
+    except Exception as exc:  # noqa: BLE001 - a pipeline bug the module found: counted, with what it was
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise InvalidProgram(f"{source}: the pipeline failed on it ({type(exc).__name__}: {first})") from None
     if not found:
         raise InvalidProgram(f"{source}: the split finds no compute region in it")
     return [entry["record"] for entry in found.values()]

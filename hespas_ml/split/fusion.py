@@ -71,13 +71,15 @@ def window_update(graph: OpGraph, i: int) -> int | None:
 def accumulated_window(graph: OpGraph, i: int, users: list[list[int]]) -> bool:
     """Whether op ``i`` places a window into zeros (:func:`window_update`) for an ``add`` in the same loop,
     its only consumer: ``acc + dus(0, u, idx)`` or ``acc + pad(u, 0)``, which XLA runs as an in-place
-    update of ``acc``'s window (the gradient of a sliced operand, summed over a loop's iterations)."""
+    update of ``acc``'s window (the gradient of a sliced operand, summed over a loop's iterations). The
+    window added to itself is not an update of anything."""
     ops = graph.ops
     op = ops[i]
     if len(users[i]) != 1 or window_update(graph, i) is None:
         return False
     user = ops[users[i][0]]
-    return user.kind == "add" and user.loop == op.loop and user.count == op.count
+    return (user.kind == "add" and user.loop == op.loop and user.count == op.count
+            and any(p != i for p in user.operands))
 
 
 def fuse(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:

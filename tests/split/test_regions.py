@@ -249,3 +249,18 @@ def test_a_window_added_into_zeros_is_an_in_place_update_of_the_sum():
     # a static window (the gradient of a slice: pad with zeros) the same way, its producer fused in
     padded = by_kind[("add", "exponential", "pad")]
     assert 3 * window <= padded.bytes <= 3 * window + 16 and padded.transcendentals == 256 * 256
+
+
+def test_a_window_added_to_itself_is_an_ordinary_add():
+    """``pad(g, 0) + pad(g, 0)`` (a generated region drew it) has no accumulator to update in place: it
+    splits as any element-wise add of a fused pad, its bytes the input read and the sum written."""
+    text = """func.func @main(%g: tensor<4x8xf32>) -> tensor<4x10xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %p = stablehlo.pad %g, %z, low = [0, 1], high = [0, 1], interior = [0, 0] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x10xf32>
+  %s = stablehlo.add %p, %p : tensor<4x10xf32>
+  return %s : tensor<4x10xf32>
+}"""
+    rg = split_program(parse_module(text, "self_add"), "fusion")
+    (kernel,) = [k for r in rg.compute_regions() for k in r.kernels]
+    assert kernel.bytes == 4 * 8 * 4 + 4 * 10 * 4 and kernel.vector_flops == 4 * 10
+
