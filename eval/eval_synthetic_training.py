@@ -165,10 +165,16 @@ def main() -> int:
         gen = fit_generator(graphs, kind, **options)
         made[kind] = synthetic_regions(work / kind, gen, graphs, args.synthetic, set(records), seed=0)
         print(f"{kind}: {len(made[kind])} new regions in {time.time() - t0:.0f} s", flush=True)
-    count = min(len(made["layerdag"]), len(made["random"]))
-    made = {k: v[:count] for k, v in made.items()}
     items = [(h, records[h], texts[h]) for h in corpus + test] + made["layerdag"] + made["random"]
     labels = label_all(args.fidelity, target, items, args.measure_s)
+
+    def usable(h: str) -> bool:
+        row = labels.get(h)
+        return row is not None and row["status"] == "ok" and row["seconds"] > 0
+
+    made = {k: [m for m in v if usable(m[0])] for k, v in made.items()}    # the same count of labelled ones
+    count = min(len(made["layerdag"]), len(made["random"]))
+    made = {k: v[:count] for k, v in made.items()}
     graph_text = {h: json.dumps(rec) for h, rec, _ in items}
     base_regions = [plan.regions.set_index("hash").loc[h].to_dict() | {"hash": h} for h in corpus + test]
     variants = {"corpus": [], "corpus+layerdag": made["layerdag"], "corpus+random": made["random"]}
