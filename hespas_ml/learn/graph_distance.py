@@ -42,11 +42,11 @@ def graph_statistics(record: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"op_kinds": kinds / n,
             "in_degree": np.bincount(np.minimum(fan_in, _DEGREES - 1), minlength=_DEGREES) / n,
             "out_degree": np.bincount(np.minimum(fan_out, _DEGREES - 1), minlength=_DEGREES) / n,
-            "depth": np.array([float(depth)]), "nodes": np.array([math_log(len(nodes))]),
-            "flops": np.array([math_log(feats["flops"])]), "bytes": np.array([math_log(feats["bytes"])])}
+            "depth": np.array([float(depth)]), "nodes": np.array([_log10p(len(nodes))]),
+            "flops": np.array([_log10p(feats["flops"])]), "bytes": np.array([_log10p(feats["bytes"])])}
 
 
-def math_log(x: float) -> float:
+def _log10p(x: float) -> float:
     return float(np.log10(1.0 + max(float(x), 0.0)))
 
 

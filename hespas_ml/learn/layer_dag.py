@@ -91,7 +91,14 @@ class LayerDAGGenerator(nn.Module):
             raise LearnError(f"generator: lr must be positive, got {lr!r}")
         self.config = {"hidden": hidden, "max_width": max_width, "max_layers": max_layers, "epochs": epochs,
                        "lr": lr, "seed": seed}
-        torch.manual_seed(seed)
+        with torch.random.fork_rng():              # the seed decides the initial weights, nothing outside
+            torch.manual_seed(seed)
+            self._build(hidden, max_width, max_layers)
+        self.zero_arity = torch.tensor([ARITY[k] == 0 for k in OP_KINDS])
+        self.history: list[float] = []
+        self.fitted_on = ""                        # what says which graphs it was fitted on (see save)
+
+    def _build(self, hidden: int, max_width: int, max_layers: int) -> None:
         d, v = hidden, len(OP_KINDS)
         self.kind_emb = nn.Embedding(v, d)
         self.layer_emb = nn.Embedding(max_layers + 1, d)
@@ -107,9 +114,6 @@ class LayerDAGGenerator(nn.Module):
         self.edge_key = nn.Sequential(nn.Linear(2 * d, d), nn.ReLU(), nn.Linear(d, d))
         self.use_key = nn.Linear(1, d, bias=False)
         self.parameter_score = nn.Sequential(nn.Linear(3 * d, d), nn.ReLU(), nn.Linear(d, 1))
-        self.zero_arity = torch.tensor([ARITY[k] == 0 for k in OP_KINDS])
-        self.history: list[float] = []
-        self.fitted_on = ""                        # what says which graphs it was fitted on (see save)
 
     # -- one graph, teacher forced (``dag`` given) or sampled (``dag`` None) --------------------------
     def _walk(self, dag: TypedDag | None, gen: torch.Generator | None = None

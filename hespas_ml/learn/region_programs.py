@@ -309,6 +309,11 @@ def _arr(values) -> str:
     return "array<i64" + (": " + ", ".join(str(int(v)) for v in values) if len(values) else "") + ">"
 
 
+def _zero(name: str, elem: str) -> str:
+    """A scalar zero of ``elem`` named ``name`` (a reduction's initial value, a pad's value)."""
+    return f'    {name} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>'
+
+
 def _one(elem: str) -> str:
     return "true" if elem == "i1" else "1.000000e+00"
 
@@ -344,7 +349,7 @@ def _emit(r: Realised, prefix: str, param_refs: list[str]) -> list[str]:
         elif kind == "reduce":
             elem = out[1]
             init, extra = f"%{prefix}c{extra}", extra + 1
-            emitted.append(f'    {init} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
+            emitted.append(_zero(init, elem))
             emitted.append(f'    %{prefix}v{i} = "stablehlo.reduce"({ins}, {init}) ({{')
             emitted.append(f'    ^bb0(%{prefix}l{i}: tensor<{elem}>, %{prefix}r{i}: tensor<{elem}>):')
             emitted.append(f'      %{prefix}s{i} = "stablehlo.add"(%{prefix}l{i}, %{prefix}r{i}) : (tensor<{elem}>, tensor<{elem}>) -> tensor<{elem}>')
@@ -357,7 +362,7 @@ def _emit(r: Realised, prefix: str, param_refs: list[str]) -> list[str]:
         elif kind == "pad":
             elem = out[1]
             value, extra = f"%{prefix}c{extra}", extra + 1
-            emitted.append(f'    {value} = "stablehlo.constant"() {{value = dense<0.000000e+00> : tensor<{elem}>}} : () -> tensor<{elem}>')
+            emitted.append(_zero(value, elem))
             n = len(a["low"])
             emitted.append(f'    %{prefix}v{i} = "{op}"({ins}, {value}) {{edge_padding_low = {_arr(a["low"])}, edge_padding_high = '
                          f'{_arr(a["high"])}, interior_padding = {_arr([0] * n)}}} : ({in_types}, tensor<{elem}>) -> {_ty(out)}')

@@ -123,41 +123,17 @@ def _done(out: Path, repair: bool = False) -> dict[int, dict[str, Any]]:
 def generate_regions(generator, graphs: RealGraphs, n: int, out: str | os.PathLike[str], seed: int = 0,
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Draw graphs ``0 .. n-1`` (those not in ``out``'s manifest yet), shape and check each, write the
-    valid ones; returns the manifest's counts (``drawn``, ``valid``, ``invalid``, ``regions``, ``rewired``
-    slots). ``progress(done, n)`` after each graph."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    done = _done(out, repair=True)
+    valid ones as ``region-NNNNN.mlir``; returns the manifest's counts (``drawn``, ``valid``, ``invalid``,
+    ``regions``, ``rewired`` slots). ``progress(done, n)`` after each graph."""
     shapes, bf16 = graphs.shapes(), graphs.bf16_share()
-    with open(out / MANIFEST, "a") as manifest:
-        for i in range(n):
-            if i in done:
-                continue
-            rng = np.random.default_rng([int(seed), i, 11])
-            dag = generator.sample_one(seed, i)
-            r = realise(dag, rng, shapes, dtype="bf16" if rng.random() < bf16 else "f32")
-            name = f"region-{i:05d}"
-            text = module_text(r, name.replace("-", "_"))
-            row: dict[str, Any] = {"index": i, "nodes": len(dag.kinds), "rewired": r.rewired}
-            try:
-                records = check_module(text, f"{out / name}.mlir")
-            except InvalidProgram as exc:
-                row.update(valid=False, reason=str(exc))
-            else:
-                tmp = out / f".{name}.mlir.tmp"
-                tmp.write_text(text)
-                os.replace(tmp, out / f"{name}.mlir")
-                row.update(valid=True, file=f"{name}.mlir", regions=[rec["hash"] for rec in records])
-            manifest.write(json.dumps(row) + "\n")
-            manifest.flush()
-            done[i] = row
-            if progress is not None:
-                progress(len([k for k in done if k < n]), n)
-    rows = [done[i] for i in range(n) if i in done]
-    return {"drawn": len(rows), "valid": sum(r["valid"] for r in rows),
-            "invalid": sum(not r["valid"] for r in rows),
-            "regions": sum(len(r.get("regions", [])) for r in rows),
-            "rewired": sum(r["rewired"] for r in rows), "out": str(out)}
+
+    def make(i: int) -> tuple[str, dict[str, Any]]:
+        rng = np.random.default_rng([int(seed), i, 11])
+        dag = generator.sample_one(seed, i)
+        r = realise(dag, rng, shapes, dtype="bf16" if rng.random() < bf16 else "f32")
+        return module_text(r, f"region_{i:05d}"), {"nodes": len(dag.kinds), "rewired": r.rewired}
+
+    return _draw(Path(out), "region", n, make, progress)
 
 
 def generate_programs(generator, graphs: RealGraphs, sizes: list[int], n: int, out: str | os.PathLike[str],
@@ -169,36 +145,47 @@ def generate_programs(generator, graphs: RealGraphs, sizes: list[int], n: int, o
     (:func:`~hespas_ml.learn.region_programs.program_text`: a graph's parameters read earlier graphs'
     results of their type). Written, checked and resumed as :func:`generate_regions` does, as
     ``program-NNNNN.mlir``; returns the manifest's counts."""
-    out = Path(out)
+    shapes, bf16 = graphs.shapes(), graphs.bf16_share()
+
+    def make(i: int) -> tuple[str, dict[str, Any]]:
+        rng = np.random.default_rng([int(seed), i, 13])
+        target = min(int(sizes[int(rng.integers(len(sizes)))]), max_ops)
+        stream = int(rng.integers(2**31))
+        dtype = "bf16" if rng.random() < bf16 else "f32"
+        parts, ops = [], 0
+        while ops < target and len(parts) < max_ops:
+            dag = generator.sample_one(stream, len(parts))
+            parts.append(realise(dag, rng, shapes, dtype=dtype))
+            ops += len(dag.kinds)
+        return (program_text(parts, f"program_{i:05d}"),
+                {"nodes": ops, "graphs": len(parts), "rewired": sum(p.rewired for p in parts)})
+
+    return _draw(Path(out), "program", n, make, progress)
+
+
+def _draw(out: Path, kind: str, n: int, make: Callable[[int], tuple[str, dict[str, Any]]],
+          progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """Modules ``0 .. n-1`` not in ``out``'s manifest yet, each ``make(i)`` (its text and the manifest
+    row's facts): checked (:func:`check_module`), written as ``<kind>-NNNNN.mlir`` when valid, one manifest
+    line each as it ends."""
     out.mkdir(parents=True, exist_ok=True)
     done = _done(out, repair=True)
-    shapes, bf16 = graphs.shapes(), graphs.bf16_share()
     with open(out / MANIFEST, "a") as manifest:
         for i in range(n):
             if i in done:
                 continue
-            rng = np.random.default_rng([int(seed), i, 13])
-            target = min(int(sizes[int(rng.integers(len(sizes)))]), max_ops)
-            stream = int(rng.integers(2**31))
-            dtype = "bf16" if rng.random() < bf16 else "f32"
-            parts, ops = [], 0
-            while ops < target and len(parts) < max_ops:
-                dag = generator.sample_one(stream, len(parts))
-                parts.append(realise(dag, rng, shapes, dtype=dtype))
-                ops += len(dag.kinds)
-            name = f"program-{i:05d}"
-            text = program_text(parts, name.replace("-", "_"))
-            row: dict[str, Any] = {"index": i, "nodes": ops, "graphs": len(parts),
-                                   "rewired": sum(p.rewired for p in parts)}
+            text, facts = make(i)
+            name = f"{kind}-{i:05d}.mlir"
+            row: dict[str, Any] = {"index": i, **facts}
             try:
-                records = check_module(text, f"{out / name}.mlir")
+                records = check_module(text, str(out / name))
             except InvalidProgram as exc:
                 row.update(valid=False, reason=str(exc))
             else:
-                tmp = out / f".{name}.mlir.tmp"
+                tmp = out / f".{name}.tmp"
                 tmp.write_text(text)
-                os.replace(tmp, out / f"{name}.mlir")
-                row.update(valid=True, file=f"{name}.mlir", regions=[rec["hash"] for rec in records])
+                os.replace(tmp, out / name)
+                row.update(valid=True, file=name, regions=[rec["hash"] for rec in records])
             manifest.write(json.dumps(row) + "\n")
             manifest.flush()
             done[i] = row
