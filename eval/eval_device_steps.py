@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             if errors:
                 print(f"{source:<10} {phase:<9} median |error| {100 * statistics.median(errors):6.1f} %  "
                       f"over {len(errors)} program(s)" + (f", {few} of them with indices in [1, 4)" if few else ""))
+            spread = [abs(r["sources"][source]["error"]) for r in mine if r["indices"] != "1-3"]
+            if few and spread:
+                print(f"{source:<10} {phase:<9} median |error| {100 * statistics.median(spread):6.1f} %  "
+                      f"over the {len(spread)} timed with their indices spread")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
