@@ -131,17 +131,17 @@ def cmd_generate_modules(args) -> int:
         raise LearnError(f"--n: must be at least 1, got {args.n}")
     if args.epochs < 0 or args.max_graphs < 1:
         raise LearnError("--epochs must be at least 0 and --max-graphs at least 1")
-    graphs = real_graphs(args.like)
+    every = real_graphs(args.like)
     keep, drop = _names(args.families), _names(args.exclude_families)
     wanted = lambda f: (keep is None or f in keep) and (drop is None or f not in drop)  # noqa: E731
-    graphs = graphs.only(wanted)
+    graphs = every.only(wanted)
     if args.kind == "programs":
         if args.max_ops < 1:
             raise LearnError(f"--max-ops: must be at least 1, got {args.max_ops}")
         sizes = program_sizes(args.like, wanted)
     if not graphs.records:
         raise LearnError(f"{args.like}: no region graph of the families asked for "
-                         f"(it has: {', '.join(sorted(set(real_graphs(args.like).families)))})")
+                         f"(it has: {', '.join(sorted(set(every.families)))})")
     if len(graphs.records) > args.max_graphs:
         pick = np.random.default_rng(args.seed).choice(len(graphs.records), args.max_graphs, replace=False)
         graphs = RealGraphs([graphs.records[i] for i in pick], [graphs.families[i] for i in pick])

@@ -183,8 +183,7 @@ def run_plan(plan_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         retime: set[str] = set()
         if retime_unlooped and (options or {}).get("loop"):
             unlooped = [it["hash"] for it in regions if it["phase"] == "regions"
-                        and done_labels.get(it["hash"], ("", True, True))[0] == "ok"
-                        and not done_labels[it["hash"]][2]]
+                        and (seen := done_labels.get(it["hash"])) and seen[0] == "ok" and not seen[2]]
             retime = set(unlooped[:retime_unlooped])
             log(f"regions: {len(retime)} timed one execution at a time are timed again in a loop first")
 

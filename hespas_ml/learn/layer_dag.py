@@ -146,9 +146,9 @@ class LayerDAGGenerator(nn.Module):
             earlier = len(kinds)
             prev_layer = [i for i in range(earlier) if node_layer[i] == l - 1]
             if earlier:
-                cand = self.kind_emb(torch.tensor(kinds)) + self.dist_emb(
-                    torch.tensor([min(l - node_layer[i], 7) for i in range(earlier)]))
-                base_keys = self.edge_key(torch.cat([cand, self.kind_emb(torch.tensor(kinds))], -1))
+                kinds_emb = self.kind_emb(torch.tensor(kinds))
+                cand = kinds_emb + self.dist_emb(torch.tensor([min(l - node_layer[i], 7) for i in range(earlier)]))
+                base_keys = self.edge_key(torch.cat([cand, kinds_emb], -1))
             acc = torch.zeros_like(ctx)
             layer_kinds = []
             for k in range(n):
@@ -177,15 +177,15 @@ class LayerDAGGenerator(nn.Module):
                         anchor = int(torch.multinomial(torch.softmax(a_logits, -1), 1, generator=gen))
                     keys = base_keys + self.use_key(torch.log1p(torch.tensor(uses, dtype=torch.float32))[:, None])
                     for j in range(arity):
-                        q = self.edge_query(torch.cat([kctx, ek, self.slot_emb(torch.tensor(j))]))
+                        slot = torch.cat([kctx, ek, self.slot_emb(torch.tensor(j))])
+                        q = self.edge_query(slot)
                         scores = keys @ q / math.sqrt(len(q))
                         if j == anchor:
                             mask = torch.ones(earlier, dtype=torch.bool)
                             mask[prev_layer] = False
                             scores = scores.masked_fill(mask, -1e9)
                         else:
-                            scores = torch.cat([scores, self.parameter_score(
-                                torch.cat([kctx, ek, self.slot_emb(torch.tensor(j))]))])
+                            scores = torch.cat([scores, self.parameter_score(slot)])
                         if truth is not None:
                             want = truth[j] if truth[j] is not None else earlier
                             if j != anchor or truth[j] is not None:

@@ -129,15 +129,14 @@ def realise(dag: TypedDag, rng: np.random.Generator, shapes: list[tuple[int, ...
         params.append(t)
         return ("p", len(params) - 1)
 
-    def take(src: int | None, want: Tensor | None) -> tuple[tuple[str, int], Tensor]:
-        """Slot ``src`` as an operand of type ``want`` (``None``: any type): the node, or a parameter."""
+    def take(src: int | None, want: Tensor) -> tuple[tuple[str, int], Tensor]:
+        """Slot ``src`` as an operand of type ``want``: the node where it has that type, else a parameter."""
         nonlocal rewired
         if src is not None:
-            if want is None or types[src] == want:
-                return ("v", src), types[src]
+            if types[src] == want:
+                return ("v", src), want
             rewired += 1
-        t = want if want is not None else (base, dtype)
-        return param(t), t
+        return param(want), want
 
     for i, (kind, slots) in enumerate(zip(dag.kinds, dag.sources)):
         a: dict[str, Any] = {}
@@ -210,7 +209,7 @@ def _primary_type(kind: str, t: Tensor, dtype: str, base, rank4, rng) -> Tensor:
 
 
 def _rule(kind: str, x: Tensor, dtype: str, base, rng: np.random.Generator,
-          a: dict[str, Any]) -> tuple[Tensor, dict[int, Tensor | None]]:
+          a: dict[str, Any]) -> tuple[Tensor, dict[int, Tensor]]:
     """``(result type, {slot: type it needs})`` of ``kind`` on primary operand ``x``; fills ``a``."""
     shape, elem = x
     if kind in UNARY:

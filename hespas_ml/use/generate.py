@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ..label.device_run import read_lines
 from ..learn.config import LearnError
 from ..learn.layer_dag import LayerDAGGenerator, RandomDagGenerator, load_generator, typed_dag
 from ..learn.region_programs import FLOATS, InvalidProgram, check_module, module_text, program_text, realise
@@ -102,22 +103,15 @@ def fit_generator(graphs: RealGraphs, kind: str = "layerdag", progress=None, **o
 
 
 def _done(out: Path, repair: bool = False) -> dict[int, dict[str, Any]]:
-    """The manifest's rows by index; with ``repair``, a last line cut short by a killed run is cut off."""
+    """The manifest's rows by index; with ``repair``, a last line cut short by a killed run is cut off the
+    file (so the next line appended starts a line of its own)."""
     path = out / MANIFEST
-    rows: dict[int, dict[str, Any]] = {}
-    if path.is_file():
-        text = path.read_text()
-        if repair and text and not text.endswith("\n"):
-            text = text[:text.rfind("\n") + 1]
-            with open(path, "r+") as f:
-                f.truncate(len(text.encode()))
-        for line in text.splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:       # a line cut short when a run was killed: drawn again
-                continue
-            rows[int(row["index"])] = row
-    return rows
+    if repair and path.is_file():
+        text = path.read_bytes()
+        if text and not text.endswith(b"\n"):
+            with open(path, "r+b") as f:
+                f.truncate(text.rfind(b"\n") + 1)
+    return {int(row["index"]): row for row in read_lines(path)}
 
 
 def generate_regions(generator, graphs: RealGraphs, n: int, out: str | os.PathLike[str], seed: int = 0,

@@ -3,13 +3,10 @@ bytes and roofline step time on a target, and nothing else of the original.
 
 The original's kernels (its fusion split, each counted as often as it runs) fall in two groups on the
 target: compute-bound (compute time at least its memory time) and memory-bound. The stand-in has one
-kernel per group:
-
-* a matrix product ``[M, K] x [K, M]`` with ``q`` element-wise ops fused after it, carrying the
-  compute-bound group's FLOPs (matrix and vector, so its compute time is the group's), its bytes and so its
-  time;
-* an element-wise chain of ``r`` ops over ``s`` elements, carrying the memory-bound group's bytes (so its
-  time) and FLOPs.
+kernel per group, carrying its matrix FLOPs, vector FLOPs and bytes, so its time is the group's: a matrix
+product ``[M, K] x [K, M]`` with element-wise multiplies fused after it (the compute-bound group's product
+is near a cube, the memory-bound group's skinny), or, for a group without matrix FLOPs, an element-wise
+chain over one input.
 
 Sizes are solved in closed form and rounded to whole dimensions; :func:`make_lookalike` simulates both
 programs and reports how far apart they come. What the stand-in does not keep: the op graph, the number of
@@ -20,7 +17,7 @@ bandwidth give other times.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..ingest.errors import HespasError
@@ -43,16 +40,14 @@ class Group:
     matrix_flops: float = 0.0
     vector_flops: float = 0.0
     bytes: float = 0.0
-    seconds: float = 0.0
-    matrix_dtypes: dict[str, float] | None = None
+    matrix_dtypes: dict[str, float] = field(default_factory=dict)
 
-    def add(self, k, n: int, seconds: float) -> None:
+    def add(self, k, n: int) -> None:
+        """Kernel ``k``, run ``n`` times."""
         self.matrix_flops += n * k.matrix_flops
         self.vector_flops += n * k.vector_flops
         self.bytes += n * k.bytes
-        self.seconds += n * seconds
         if k.matrix_flops:
-            self.matrix_dtypes = self.matrix_dtypes or {}
             d = k.matrix_dtype or k.dtype
             self.matrix_dtypes[d] = self.matrix_dtypes.get(d, 0.0) + n * k.matrix_flops
 
@@ -86,10 +81,7 @@ def program_budget(graph, target: Target, source: str | None = None) -> Budget:
     for region in rg.compute_regions():
         for k in region.kernels:
             c, m = kernel_seconds(k, target)
-            if c >= m and c > 0:
-                b.compute.add(k, region.count, c)
-            else:
-                b.memory.add(k, region.count, m)
+            (b.compute if c >= m and c > 0 else b.memory).add(k, region.count)
     return b
 
 
@@ -129,22 +121,21 @@ def _kernel(g: Group, tag: str, params: list[str], body: list[str]) -> tuple[str
         body.append(f'    %{tag}0 = "stablehlo.dot_general"(%{tag}a, %{tag}b) {{dot_dimension_numbers = '
                     f'#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>}} : '
                     f'(tensor<{m}x{k}x{dt}>, tensor<{k}x{m}x{dt}>) -> {t}')
-        first, ops = 0, round(g.vector_flops / (m * m))
-        elements = m * m
+        ops = round(g.vector_flops / (m * m))
     else:
         elements = max(1, round(g.bytes / (2 * e)))
         t = f"tensor<{elements}x{dt}>"
         params.append(f"%{tag}x: {t}")
         body.append(f'    %{tag}0 = "stablehlo.negate"(%{tag}x) : ({t}) -> {t}')
-        first, ops = 0, max(0, round(g.vector_flops / elements) - 1)
+        ops = max(0, round(g.vector_flops / elements) - 1)
     if ops:
         body.append(f'    %{tag}s = "stablehlo.constant"() {{value = dense<1.000000e+00> : tensor<{dt}>}} : '
                     f'() -> tensor<{dt}>')
         body.append(f'    %{tag}c = "stablehlo.broadcast_in_dim"(%{tag}s) {{broadcast_dimensions = array<i64>}} : '
                     f'(tensor<{dt}>) -> {t}')
-    for i in range(first, first + ops):
+    for i in range(ops):
         body.append(f'    %{tag}{i + 1} = "stablehlo.multiply"(%{tag}{i}, %{tag}c) : ({t}, {t}) -> {t}')
-    return f"%{tag}{first + ops}", t
+    return f"%{tag}{ops}", t
 
 
 def lookalike_text(b: Budget, name: str = "lookalike") -> str:
@@ -165,6 +156,7 @@ def make_lookalike(program, target: Target | str = "H100", devices: int | None =
     several devices without collectives) on ``target`` and, for both programs simulated on it (roofline),
     per-device FLOPs, kernel bytes and step time with the stand-in's relative error on each."""
     from ..ingest import load_program
+    from ..ingest.stablehlo import parse_module
     from ..pipeline import simulate
 
     target = load_target(target) if isinstance(target, str) else target
@@ -173,15 +165,10 @@ def make_lookalike(program, target: Target | str = "H100", devices: int | None =
     text = lookalike_text(budget)
     n = graph.n_devices                            # no collectives (program_budget): any system will do
     real = simulate(graph, target, None if n == 1 else f"ring:{n}x100")
-    fake = simulate(_parse(text), target)
+    fake = simulate(parse_module(text, "<lookalike>"), target)
     rows = {}
     for key, a, b in (("flops", real.flops, fake.flops), ("kernel_bytes", real.kernel_bytes, fake.kernel_bytes),
                       ("step_time_s", real.step_time_s, fake.step_time_s)):
         rows[key] = {"program": a, "lookalike": b, "error": (b - a) / a if a else 0.0}
     return text, {"program": str(program), "target": target.name, **rows}
 
-
-def _parse(text: str):
-    from ..ingest.stablehlo import parse_module
-
-    return parse_module(text, "<lookalike>")
