@@ -80,6 +80,38 @@ def test_recomputation_trades_memory_for_work():
     assert runs["full"].flops > runs["selective"].flops > runs["none"].flops    # the forward again, in part
 
 
+def test_f32_master_weights_hold_parameters_gradients_and_optimizer_state_in_f32_and_compute_in_bf16():
+    spec = f"{LLAMA}&dtype=bf16&optimizer=adam&mesh=dp:2,fsdp:2&devices=4"
+    bf16, master = load(spec), load(f"{spec}&master=f32")
+    def held(g, role):
+        return {t.dtype for r, t in zip(g.input_roles, g.inputs) if r == role}
+
+    assert held(bf16, "parameters") == {"bf16"} and held(bf16, "optimizer_state") == {"bf16", "i32"}
+    assert held(master, "parameters") == {"f32"} and held(master, "optimizer_state") == {"f32", "i32"}
+    for g in (bf16, master):                                                 # the matmuls run in bf16 alike
+        assert {op.operand_types[0].dtype for op in kinds(g, "dot_general")} == {"bf16"}
+    # FSDP gathers the bf16 copy (its gradient reduce-scattered in bf16); dp sums the f32 gradients
+    assert {t.dtype for op in kinds(master, "all_gather") for t in op.result_types} == {"bf16"}
+    assert {t.dtype for op in kinds(master, "reduce_scatter") for t in op.result_types} == {"bf16"}
+    assert {t.dtype for op in kinds(master, "all_reduce") if op.result_types[0].shape for t in op.result_types} \
+        == {"f32"}
+    low, high = (split_program(g) for g in (bf16, master))
+    from hespas_ml.split.memory import memory
+    a, b = memory(low).argument_parts, memory(high).argument_parts
+    assert b["parameters"] == 2 * a["parameters"] and b["optimizer_state"] == 2 * a["optimizer_state"] - 4
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("&master=f32", "needs dtype=bf16 and step=train"),
+    ("&dtype=bf16&step=infer&master=f32", "needs dtype=bf16 and step=train"),
+    ("&dtype=bf16&master=f32&devices=2&parallel=dp-partitioned", "run on a mesh"),
+])
+def test_master_weights_need_a_bf16_training_step(bad, message):
+    from hespas_ml.ingest.errors import IngestError
+    with pytest.raises(IngestError, match=message):
+        parse_zoo_spec(LLAMA.replace("&step=train", "") + bad)
+
+
 @pytest.mark.parametrize("spec, system", [
     (f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1", "switch:4x450"),
     (f"{LLAMA}&mesh=pp:4,tp:2&devices=8&microbatch=2&scan=true&remat=full", "switch:2x450,switch:4x50"),

@@ -66,6 +66,10 @@ MESH_PARAMS = (
     ZooParam("sp", bool, False, "Megatron's sequence parallelism inside tp: between the tensor-parallel "
              "regions the activations are split along the sequence (reduce-scatter and all-gather instead "
              "of all-reduce)", optional=True),
+    ZooParam("master", str, "none", "mixed-precision training's master weights: f32 keeps the parameters, "
+             "their gradients and the optimizer state in f32 and computes in dtype=bf16 (a bf16 copy of the "
+             "parameters made each step, as Megatron-LM and FSDP do); none: everything in dtype",
+             choices=("none", "f32"), optional=True),
 )
 """The parameters of a family laid out on a mesh of several axes (llama, gpt): the mesh, microbatches, the
 pipeline schedule and activation recomputation, all left out of the canonical spec at their defaults."""
@@ -192,14 +196,17 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
                 return f"tp {mesh['tp']} does not divide {name} {size}"
         if p.get("layers", 1) % mesh.get("pp", 1):
             return f"pp {mesh['pp']} does not divide layers {p['layers']}"
-    elif (p.get("microbatch") or p.get("remat", "none") != "none") and p["devices"] > 1 \
-            and p["parallel"] not in MESH_AXES:
-        return (f"microbatch and remat run on a mesh: write mesh={p['parallel'].removesuffix('-partitioned')}:"
+    elif (p.get("microbatch") or p.get("remat", "none") != "none" or p.get("master", "none") != "none") \
+            and p["devices"] > 1 and p["parallel"] not in MESH_AXES:
+        return (f"microbatch, remat and master run on a mesh: write mesh={p['parallel'].removesuffix('-partitioned')}:"
                 f"{p['devices']} instead of parallel={p['parallel']}")
     try:
         chunks = schedule_chunks(p.get("schedule", "gpipe"))
     except ValueError as exc:
         return str(exc)
+    if p.get("master", "none") != "none" and (p.get("dtype") != "bf16" or p.get("step") != "train"):
+        return (f"master={p['master']} keeps f32 weights beside a bf16 training step: it needs dtype=bf16 and "
+                "step=train")
     shards = mesh.get("dp", 1) * mesh.get("fsdp", 1)
     if p[batch_key] % shards:
         return f"dp × fsdp = {shards} does not divide {batch_key} {p[batch_key]}"

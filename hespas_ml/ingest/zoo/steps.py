@@ -308,14 +308,16 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
 
 def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, optimizer: str,
              reduce: Callable[[Any, Any], tuple[Any, Any]], train: bool, *, microbatches: int = 1,
-             last_stage: int | None = None) -> Callable[..., Any]:
+             last_stage: int | None = None, compute_dtype: Any = None) -> Callable[..., Any]:
     """The inference step ``(params, inputs)``, or the training step ``(params, opt_state, inputs, targets)``
     whose loss and gradients ``reduce`` sums over the devices that share them before the update.
 
     ``microbatches`` > 1 without a pipeline: the batch is cut into that many microbatches, run one after the
     other (``lax.scan``; training accumulates their gradients). ``last_stage``: the forward is a pipeline over
     the mesh axis ``pp`` (:func:`pipeline_forward_fn`, which takes the targets and returns the loss) whose
-    stage ``last_stage`` holds the loss (the other stages' loss is zero)."""
+    stage ``last_stage`` holds the loss (the other stages' loss is zero). ``compute_dtype``: the parameters
+    are master weights in another type, cast to this one once per step before the forward (their gradients
+    come back in the master type)."""
 
     def split(a):
         return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
@@ -329,6 +331,8 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
         return out.reshape(-1, *out.shape[2:])
 
     def loss_fn(prm, inputs, targets):
+        if compute_dtype is not None:
+            prm = jax.tree.map(lambda w: w.astype(compute_dtype), prm)
         if last_stage is None:
             return model.loss(forward(prm, inputs, col), targets, col) * loss_scale
         loss = forward(prm, inputs, col, targets) * loss_scale        # the pipeline's own loss per tick
@@ -391,7 +395,7 @@ def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> l
 
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
                      name: str, microbatches: int = 1, remat: str = "none", chunks: int = 1,
-                     sequence_parallel: bool = False) -> str:
+                     sequence_parallel: bool = False, master: str = "none") -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
     any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
     dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
@@ -399,13 +403,18 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     ``microbatches`` (:func:`pipeline_forward_fn`: GPipe, or interleaved with ``chunks`` per stage); without
     it, ``microbatches`` > 1 accumulates gradients.
     ``remat``: activation recomputation (:data:`REMAT`); ``sequence_parallel``: Megatron's sequence
-    parallelism inside tp (:class:`~.parallel.Collectives`)."""
+    parallelism inside tp (:class:`~.parallel.Collectives`); ``master="f32"``: the parameters, their
+    gradients and the optimizer state are f32 master weights of a step computed in the model's own type."""
     sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
     train = step == "train"
     stages = sizes.get("pp", 1)
     stacked = scan or stages > 1
     tp_layout, fsdp_layout = _mesh_layouts(model, sizes)
     shapes = param_shapes(model, stacked)
+    compute_dtype = None
+    if master == "f32":
+        compute_dtype = jax.tree.leaves(shapes)[0].dtype
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), shapes)
     p_specs = _mesh_specs(param_axes(model, tp_layout, stacked), param_axes(model, fsdp_layout, stacked), shapes)
     if stages > 1:                             # each stage holds its consecutive layers
         p_specs["layers"] = jax.tree.map(lambda sp: P("pp", *tuple(sp)[1:]), p_specs["layers"],
@@ -445,7 +454,7 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
         return loss, grads
 
     fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train, microbatches=microbatches,
-                  last_stage=stages - 1 if stages > 1 else None)
+                  last_stage=stages - 1 if stages > 1 else None, compute_dtype=compute_dtype)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train else (p_specs, in_batch))
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
@@ -511,12 +520,13 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
     ``remat`` where the family has them): on the mesh ``p`` names, else on ``devices`` shared as ``parallel``
     says; the module is called ``zoo_<family>_<step>``."""
     name = f"zoo_{family}_{p['step']}"
-    if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none" or p.get("sp"):
+    if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none" or p.get("sp") \
+            or p.get("master", "none") != "none":
         mesh = mesh_of(p)
         return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=mesh,
                                 scan=p.get("scan", False), name=name, microbatches=microbatch_count(p, mesh),
                                 remat=p.get("remat", "none"), chunks=schedule_chunks(p.get("schedule", "gpipe")),
-                                sequence_parallel=bool(p.get("sp")))
+                                sequence_parallel=bool(p.get("sp")), master=p.get("master", "none"))
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p.get("scan", False), name=name)
 
