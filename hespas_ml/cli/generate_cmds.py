@@ -32,15 +32,19 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_generate_traces)
     for what_kind in ("regions", "programs"):
         _generated(what, what_kind)
-    k = what.add_parser("lookalike", help="a stand-in for a program one cannot share: same FLOPs, bytes and "
-                                          "step time on a target",
-                        description="Write a synthetic module with the per-device FLOPs, kernel bytes and roofline "
-                                    "step time of PROGRAM on TARGET (one matrix product and one element-wise chain, "
-                                    "sized to carry its compute-bound and its memory-bound kernels; "
-                                    "hespas_ml.use.lookalike), simulate both and say how far apart they are. "
-                                    "Single-device programs (no collectives).")
+    k = what.add_parser("lookalike", help="a stand-in for a program one cannot share: same FLOPs, bytes, "
+                                          "collective volume and step time on a target and system",
+                        description="Write a synthetic module with the per-device FLOPs, kernel bytes, collective "
+                                    "bytes and roofline step time of PROGRAM on TARGET and SYSTEM (a matrix product "
+                                    "and an element-wise chain sized to carry its compute-bound and memory-bound "
+                                    "kernels; one collective per kind and device groups for as many as it ran, "
+                                    "moving what they moved, with as much of the compute beside them as hides the "
+                                    "same communication; hespas_ml.use.lookalike), simulate both and say how far "
+                                    "apart they are.")
     k.add_argument("program", help="a .mlir file or a zoo: spec")
     k.add_argument("--target", default="H100", help="the target it must match on (default H100)")
+    k.add_argument("--system", help="the system it must match on, for a program of several devices (a folder or "
+                                    "a spec such as switch:8x450,switch:4x50; default ring:Nx100)")
     k.add_argument("--out", required=True, help="the .mlir file to write")
     k.add_argument("--tolerance", type=float, default=0.05,
                    help="largest relative difference allowed in FLOPs, bytes and step time (default 0.05); "
@@ -52,28 +56,37 @@ def register(sub) -> None:
 def cmd_generate_lookalike(args) -> int:
     from ..label.targets import load_target
     from ..learn.config import LearnError
+    from ..replay import load_system
     from ..use.lookalike import make_lookalike
 
     if not 0 < args.tolerance < 1:
         raise LearnError(f"--tolerance: must be between 0 and 1, got {args.tolerance}")
     target = load_target(args.target)
-    text, report = make_lookalike(args.program, target)
+    system = load_system(args.system, local_mem_bw_gbps=target.mem_bw / 1e9) if args.system else None
+    text, report = make_lookalike(args.program, target, system)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    worst = max(abs(report[k]["error"]) for k in ("flops", "kernel_bytes", "step_time_s"))
+    worst = max(abs(report[k]["error"]) for k in ("flops", "kernel_bytes", "comm_bytes", "step_time_s"))
     report.update(out=str(out), tolerance=args.tolerance, within=worst <= args.tolerance)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         w = sys.stdout.write
-        w(f"written       {out} (stands in for {args.program} on {target.name})\n\n")
-        w(f"  {'per device':<22} {'program':>14} {'lookalike':>14} {'error':>8}\n")
+        on = f"{target.name}" + (f", {report['system']}" if report["devices"] > 1 else "")
+        w(f"written       {out} (stands in for {args.program} on {on})\n\n")
+        w(f"  {'per device':<24} {'program':>14} {'lookalike':>14} {'error':>8}\n")
         for key, label, fmt in (("flops", "FLOPs", lambda v: f"{v:.4g}"),
                                 ("kernel_bytes", "bytes (kernels)", format_bytes),
+                                ("comm_bytes", "bytes (collectives)", format_bytes),
                                 ("step_time_s", "step time (roofline)", format_seconds)):
             r = report[key]
-            w(f"  {label:<22} {fmt(r['program']):>14} {fmt(r['lookalike']):>14} {r['error']:>+8.2%}\n")
+            w(f"  {label:<24} {fmt(r['program']):>14} {fmt(r['lookalike']):>14} {r['error']:>+8.2%}\n")
+        if report["comm_bytes"]["program"]:
+            e = report["exposed_comm_s"]
+            w(f"  {'exposed communication':<24} {format_seconds(e['program']):>14} "
+              f"{format_seconds(e['lookalike']):>14}   ({report['beside']:.0%} of the compute beside the "
+              f"collectives)\n")
     if not report["within"]:
         print(f"hespas-ml: error: {out}: the lookalike is {worst:.1%} off, beyond --tolerance {args.tolerance}",
               file=sys.stderr)

@@ -1,5 +1,5 @@
-"""A stand-in for a program one cannot share (issue 29, point 4): the same per-device FLOPs, kernel bytes and
-roofline step time on its target, none of the program's structure, and a clear refusal where it cannot."""
+"""A stand-in for a program one cannot share (issue 29, point 4): the same per-device FLOPs, kernel bytes,
+collective volume and roofline step time on its target and system, and none of the program's structure."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from hespas_ml.ingest.stablehlo import parse_module
 from hespas_ml.split.regions import split_program
-from hespas_ml.use.lookalike import LookalikeError, make_lookalike
+from hespas_ml.use.lookalike import make_lookalike
 from tests.conftest import shared_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +33,36 @@ def test_the_lookalike_matches_flops_bytes_and_step_time_within_five_percent(pro
                                                              "broadcast_in_dim"}
 
 
-def test_a_program_with_collectives_is_refused_in_one_line():
-    program = shared_path("mlir", "maxtext", "llama3-100m-4dev.mlir")
-    with pytest.raises(LookalikeError, match=r"llama3-100m-4dev\.mlir: has \d+ collectives"):
-        make_lookalike(program, "H100")
+@pytest.mark.parametrize("program, system", [
+    (str(shared_path("mlir", "maxtext", "llama3-100m-4dev.mlir")), "switch:4x450"),
+    ("zoo:llama?layers=4&d_model=256&heads=4&kv_heads=2&vocab=1024&seq=128&batch=8&step=train&mesh=pp:2,dp:2"
+     "&devices=4&microbatch=1", "switch:2x450,switch:2x50"),
+])
+def test_a_program_with_collectives_gets_a_stand_in_that_moves_and_hides_as_much(program, system):
+    """The stand-in runs as many collectives of each kind as the original, on the same device groups, moving
+    what they moved per device, and hides as much of that communication behind its compute."""
+    text, report = make_lookalike(program, "H100", system)
+    for key in ("flops", "kernel_bytes", "comm_bytes", "step_time_s"):
+        assert abs(report[key]["error"]) <= 0.05, (key, report[key])
+        assert report[key]["program"] > 0
+    exposed = report["exposed_comm_s"]
+    assert exposed["lookalike"] == pytest.approx(exposed["program"], rel=0.05) and exposed["program"] > 0
+    assert 0 < report["beside"] < 1
+    from hespas_ml.ingest import load_program
+    original, stand_in = split_program(load_program(program)), split_program(parse_module(text, "<lookalike>"))
+
+    def runs(rg):
+        out = {}
+        for r in rg.collectives():
+            key = (r.collective.kind, str(r.collective.groups), str(r.collective.pairs))
+            out[key] = out.get(key, 0) + r.count
+        return out
+
+    assert runs(stand_in) == runs(original)
+    assert sum(len(r.kernels) for r in stand_in.compute_regions()) <= 4
+    assert set(re.findall(r'"stablehlo\.(\w+)"', text)) <= {
+        "dot_general", "multiply", "negate", "constant", "broadcast_in_dim", "optimization_barrier", "add", "return",
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute"}
 
 
 def test_generate_lookalike_command(tmp_path):
