@@ -50,7 +50,7 @@ def register(sub) -> None:
                    help="largest relative difference allowed in FLOPs, bytes and step time (default 0.05); "
                         "beyond it the command fails, after writing the module")
     k.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
-    k.set_defaults(func=cmd_generate_lookalike)
+    k.set_defaults(func=cmd_generate_lookalike, out_is_file=True)
 
 
 def cmd_generate_lookalike(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..ingest.errors import HespasError
 from . import dataset_cmds, generate_cmds, layout_cmds, learn_cmds, pipeline_cmds, study_cmds, sweep_cmds
@@ -31,11 +32,35 @@ def _version() -> str:
     return __version__
 
 
+class OutputError(HespasError):
+    """An output path the command could not write to."""
+
+
+def check_out(path: str | None, folder: bool = True) -> None:
+    """Before any work: that ``--out`` can be written, as a folder (created with its parents) or, with
+    ``folder`` False, as a file. Raises :class:`OutputError` naming it."""
+    if not path:
+        return
+    out = Path(path)
+    if folder and out.exists() and not out.is_dir():
+        raise OutputError(f"--out {path}: exists and is not a folder")
+    if not folder and out.is_dir():
+        raise OutputError(f"--out {path}: is a folder; give the file to write")
+    where = out if folder else out.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise OutputError(f"--out {path}: {where} is not a folder")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {path}: {where} is not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_out(getattr(args, "out", None), folder=not getattr(args, "out_is_file", False))
         return int(args.func(args) or 0)
     except HespasError as exc:
         print(f"hespas-ml: error: {exc}", file=sys.stderr)
@@ -45,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:          # a file the command reads or writes: one line, what is done stays done
+        print(f"hespas-ml: error: {exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

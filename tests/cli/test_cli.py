@@ -112,6 +112,18 @@ def test_analyze_human_output_names_collectives(capsys):
     (["simulate", "{mlir}", "--system", "ring:4x150"], "4 NPUs"),
     (["simulate", "{mlir}", "--system", "torus:4x1"], "torus"),
     (["replay", "no/such/prefix", "--system", "ring:4x150"], "prefix"),
+    (["simulate", "{mlir}", "--out", "/dev/null/run"], "--out /dev/null/run: /dev/null is not a folder"),
+    (["generate", "lookalike", "{mlir}", "--out", "."], "--out .: is a folder"),
+    (["layouts", "zoo:llama", "--devices", "8", "--system", "ring:8x100", "--target", "Z80"], "'Z80'"),
+    (["layouts", "zoo:llama", "--devices", "8", "--system", "ring:4x100"], "8 devices"),
+    (["layouts", "zoo:llama?layers=x", "--devices", "8", "--system", "ring:8x100"], "layers=x"),
+    (["sweep", "no/such.yaml", "--out", "out/never"], "no/such.yaml"),
+    (["study", "no/such.yaml", "--out", "out/never"], "no/such.yaml"),
+    (["dataset", "info", "no/such"], "no such dataset"),
+    (["train", "--dataset", "no/such", "--fidelity", "roofline"], "no such dataset"),
+    (["predict", "{mlir}", "--model", "nope"], "unknown model"),
+    (["generate", "programs", "--n", "-1", "--like", "zoo:mlp", "--out", "out/never"], "--n"),
+    (["generate", "traces", "--like", "no/such", "--ranks", "4", "--out", "out/never"], "no/such"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, needle):
     mlir = str(shared_path("mlir", "test_no_comm_graph.mlir"))
