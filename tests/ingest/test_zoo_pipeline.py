@@ -112,10 +112,106 @@ def test_master_weights_need_a_bf16_training_step(bad, message):
         parse_zoo_spec(LLAMA.replace("&step=train", "") + bad)
 
 
+ONE_F_ONE_B_CHECK = r"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from hespas_ml.ingest.zoo.parallel import Collectives
+from hespas_ml.ingest.zoo.steps import LayeredModel, pipeline_1f1b_fn, pipeline_forward_fn
+
+D, V, S, B, L = 8, 16, 4, 12, 4
+sd = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+tokens_sd = jax.ShapeDtypeStruct((B, S), jnp.int32)
+def embed(t, inputs, col):
+    (tok,) = inputs
+    return t["emb"][tok], None
+def block(lp, x, ctx, col):
+    return x + jnp.tanh(x @ lp["w"] + lp["b"])
+def head(t, x, ctx, col):
+    return x @ t["out"]
+def loss(logits, targets, col):
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(lp, targets[..., None], axis=-1))
+model = LayeredModel(top={"emb": sd(V, D), "out": sd(D, V)}, layer={"w": sd(D, D), "b": sd(D)}, layers=L,
+                     inputs=(tokens_sd,), targets=tokens_sd, embed=embed, block=block, head=head, loss=loss)
+rng = np.random.default_rng(0)
+params = {"top": {"emb": rng.normal(size=(V, D)).astype(np.float32), "out": rng.normal(size=(D, V)).astype(np.float32) / 3},
+          "layers": {"w": rng.normal(size=(L, D, D)).astype(np.float32) / 3, "b": rng.normal(size=(L, D)).astype(np.float32)}}
+tokens = rng.integers(0, V, size=(B, S)).astype(np.int32)
+targets = rng.integers(0, V, size=(B, S)).astype(np.int32)
+
+for stages, micro in ((2, 6), (4, 6), (4, 2)):
+    mesh = jax.make_mesh((stages,), ("pp",), devices=jax.devices()[:stages])
+    col = Collectives("mesh", stages, {}, mesh_axes={})
+    specs = {"top": {"emb": P(), "out": P()}, "layers": {"w": P("pp"), "b": P("pp")}}
+    gp = pipeline_forward_fn(model, stages=stages, microbatches=micro, scan=True, remat="full")
+    def gpipe(prm, tok, tgt):
+        def lf(q):
+            l = gp(q, (tok,), col, tgt)
+            return jnp.where(jax.lax.axis_index("pp") == stages - 1, l, 0.0)
+        l, g = jax.value_and_grad(lf)(prm)
+        return jax.lax.psum(l, "pp"), {"top": jax.lax.psum(g["top"], "pp"), "layers": g["layers"]}
+    one = pipeline_1f1b_fn(model, stages=stages, microbatches=micro, col=col, loss_scale=1.0)
+    def f1b(prm, tok, tgt):
+        l, g = one(prm, (tok,), tgt)
+        return jax.lax.psum(l, "pp"), {"top": jax.lax.psum(g["top"], "pp"), "layers": g["layers"]}
+    from jax.sharding import NamedSharding
+    placed = jax.device_put(params, jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs,
+                                                 is_leaf=lambda x: isinstance(x, P)))
+    outs = []
+    for fn in (gpipe, f1b):
+        run = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(specs, P(), P()), out_specs=(P(), specs), check_vma=False))
+        outs.append(run(placed, tokens, targets))
+    (l1, g1), (l2, g2) = outs
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+"""
+
+
+def test_a_1f1b_pipeline_computes_gpipes_loss_and_gradients():
+    """On 2 and 4 host devices, 2 to 6 microbatches (fewer than, as many as and more than the first stage
+    keeps): the loss and every gradient of the lock-step 1F1B pipeline equal GPipe's under recomputation."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ONE_F_ONE_B_CHECK], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_1f1b_step_sends_as_gpipe_does_and_keeps_fewer_microbatches():
+    """32 microbatches on 2 stages: each way M + P - 1 sends, as GPipe, but the first stage keeps the layer
+    inputs of 3 microbatches, not of every tick's, so it needs less memory at its peak (attention fused, so
+    the layer inputs are what a stage keeps), for about the work."""
+    spec = ("zoo:llama?layers=4&d_model=256&heads=4&kv_heads=2&ffn=512&vocab=256&seq=1024&batch=64&step=train"
+            "&remat=full&scan=true&attention=fused&mesh=pp:2,dp:2&devices=4&microbatch=1")
+    runs = {s: simulate(f"{spec}&schedule={s}", target="H100", system="switch:4x450") for s in ("gpipe", "1f1b")}
+    one = load(f"{spec}&schedule=1f1b")
+    forward = {(0, 2), (2, 0), (1, 3), (3, 1)}
+    sends = [op for op in kinds(one, "collective_permute")]
+    assert all(set(map(tuple, op.attrs["source_target_pairs"])) == forward for op in sends)   # a ring of 2
+    assert sum(op.count for op in sends) == 2 * (32 + 2 - 1)
+    assert runs["1f1b"].peak_memory_bytes < 0.5 * runs["gpipe"].peak_memory_bytes
+    assert runs["1f1b"].flops == pytest.approx(runs["gpipe"].flops, rel=0.03)
+    assert pipeline_bubble(parse_zoo_spec(f"{spec}&schedule=1f1b")[1]) == pipeline_bubble(parse_zoo_spec(spec)[1])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("&mesh=dp:2&devices=2&remat=full&schedule=1f1b", "give the mesh a pp axis"),
+    ("&mesh=pp:2&devices=2&microbatch=1&schedule=1f1b", "give remat=full"),
+])
+def test_1f1b_needs_a_pipeline_and_recomputation(bad, message):
+    from hespas_ml.ingest.errors import IngestError
+    with pytest.raises(IngestError, match=message):
+        parse_zoo_spec(LLAMA + bad)
+
+
 @pytest.mark.parametrize("spec, system", [
     (f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1", "switch:4x450"),
     (f"{LLAMA}&mesh=pp:4,tp:2&devices=8&microbatch=2&scan=true&remat=full", "switch:2x450,switch:4x50"),
     (f"{LLAMA}&mesh=pp:2,dp:2&devices=4&microbatch=1&scan=true&schedule=interleaved:2", "switch:2x450,switch:2x50"),
+    (f"{LLAMA}&mesh=pp:4&devices=4&microbatch=1&scan=true&remat=full&schedule=1f1b", "switch:2x450,switch:2x50"),
     (GPT.replace("step=train", "step=infer") + "&mesh=pp:2,fsdp:2&devices=4&microbatch=2", "switch:2x450,switch:2x50"),
 ])
 def test_a_pipeline_replays_rank_zero_alone_to_the_nanosecond(spec, system):

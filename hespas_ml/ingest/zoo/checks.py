@@ -58,8 +58,10 @@ MESH_PARAMS = (
              "batch (batch / dp·fsdp) is cut into microbatches: a pipeline's (pp), else accumulated gradients",
              minimum=0, maximum=1 << 20, optional=True),
     ZooParam("schedule", str, "gpipe", "pipeline schedule under pp: gpipe (every microbatch forward, then "
-             "every microbatch backward) or interleaved:V (each stage's layers as V chunks, each microbatch "
-             "round the stages V times: a V times shorter bubble, V times the messages)", optional=True),
+             "every microbatch backward), 1f1b (a training step's forwards and backwards interleaved, so a "
+             "stage keeps the activations of the microbatches in flight only; with remat=full) or "
+             "interleaved:V (each stage's layers as V chunks, each microbatch round the stages V times: a V "
+             "times shorter bubble, V times the messages)", optional=True),
     ZooParam("remat", str, "none", "activation recomputation: none, selective (projections kept, attention "
              "recomputed) or full (each block's input kept)", choices=("none", "selective", "full"),
              optional=True),
@@ -145,13 +147,13 @@ def microbatch_count(p: dict[str, Any], mesh: dict[str, int], batch_key: str = "
 
 
 def schedule_chunks(schedule: str) -> int:
-    """How many chunks a pipeline ``schedule`` cuts each stage's layers into: 1 for ``gpipe``, V for
-    ``interleaved:V``. Raises ValueError with a one-line message."""
-    if schedule == "gpipe":
+    """How many chunks a pipeline ``schedule`` cuts each stage's layers into: 1 for ``gpipe`` and ``1f1b``, V
+    for ``interleaved:V``. Raises ValueError with a one-line message."""
+    if schedule in ("gpipe", "1f1b"):
         return 1
     kind, _, chunks = schedule.partition(":")
     if kind != "interleaved":
-        raise ValueError(f"schedule={schedule} is not one of gpipe, interleaved:V")
+        raise ValueError(f"schedule={schedule} is not one of gpipe, 1f1b, interleaved:V")
     if not chunks.isdigit() or int(chunks) < 2:
         raise ValueError(f"schedule={schedule}: interleaved needs V ≥ 2 chunks per stage (write interleaved:2)")
     return int(chunks)
@@ -223,6 +225,12 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
             return "sp=true splits the sequence over tp: give the mesh a tp axis"
         if p.get("seq", 0) % (tp * cp):
             return f"sp=true: tp {tp}{f' × cp {cp}' if cp > 1 else ''} does not divide seq {p['seq']}"
+    if p.get("schedule") == "1f1b":
+        if mesh.get("pp", 1) == 1:
+            return "schedule=1f1b schedules pipeline stages: give the mesh a pp axis"
+        if p.get("step") == "train" and p.get("remat", "none") != "full":
+            return ("schedule=1f1b makes each layer's activations again in its backward: give remat=full "
+                    f"(not remat={p.get('remat', 'none')})")
     if chunks > 1:
         stages = mesh.get("pp", 1)
         if stages == 1:

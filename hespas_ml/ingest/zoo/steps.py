@@ -275,6 +275,104 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
     return forward
 
 
+def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col: Collectives,
+                     loss_scale: float) -> Callable[..., Any]:
+    """``step(params, inputs, targets) -> (loss, grads)``: a training step's loss and gradients through a
+    one-forward-one-backward (1F1B) pipeline over the mesh axis ``pp`` (inside ``shard_map``), each stage
+    holding ``layers / stages`` layers and recomputing each layer's activations in its backward (as under
+    ``remat=full``: a stage keeps only its layers' inputs for each microbatch in flight).
+
+    In lock-step, as SPMD runs: on tick t stage s runs the forward of microbatch ``t - s`` and the
+    backward of microbatch ``t - (2·stages - 2 - s)``, each sent on to the next (previous) stage by
+    ``ppermute``; the last stage takes its loss's gradient in the tick of the forward. The first
+    ``stages - 1`` ticks only run forwards and the last ``stages - 1`` only backwards, so the step takes
+    (microbatches + stages - 1) forwards and backwards on every stage, GPipe's and 1F1B's time, while a
+    stage keeps at most ``2·(stages - 1 - s) + 1`` microbatches' layer inputs instead of all of them (a
+    real 1F1B interleaves forwards and backwards out of step across stages and keeps ``stages - s``; in
+    lock-step a message takes a whole tick each way). ``loss_scale`` scales each microbatch's loss (the
+    mean over the replicas that share the batch); the loss and the gradients of the embedding and head
+    count on the first and last stage only, as the caller's reduction expects."""
+    last = stages - 1
+    slots = min(microbatches, 2 * stages - 1)           # microbatches the first stage keeps at most
+    to_next = [(i, (i + 1) % stages) for i in range(stages)]
+    to_prev = [(i, (i - 1) % stages) for i in range(stages)]
+
+    def split(a):
+        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
+
+    def pick(a, i):
+        return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+    def masked_add(total, part, on):
+        return jax.tree.map(lambda a, g: a + jnp.where(on, g, jnp.zeros_like(g)).astype(a.dtype), total, part)
+
+    def step(params, inputs, targets):
+        stage = jax.lax.axis_index("pp")
+        top, top_back = jax.vjp(lambda t: col.gather(t, "top"), params["top"])
+        layers = params["layers"]
+        parts, goals = tuple(split(a) for a in inputs), split(targets)
+        first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
+
+        def embed(t, i):
+            return model.embed(t, tuple(pick(a, i) for a in parts), col)[0]
+
+        def layer(lp, h):
+            return model.block(col.gather(lp, "layer"), h, ctx, col)
+
+        def stage_forward(x):                      # the output, and each layer's input
+            return jax.lax.scan(lambda h, lp: (layer(lp, h), h), x, layers)
+
+        def stage_backward(kept, g):               # each layer made again from its input, last first
+            def back(g, item):
+                lp, h = item
+                dlp, dh = jax.vjp(layer, lp, h)[1](g)
+                return dh, dlp
+            return jax.lax.scan(back, g, (layers, kept), reverse=True)
+
+        def head_loss(t, h, i):
+            return model.loss(model.head(t, h, ctx, col), pick(goals, i), col).astype(jnp.float32)
+
+        def tick(carry, t, forward: bool, backward: bool):
+            held, grad, kept, dlayers, dtop, loss = carry
+            f, b = t - stage, t - (2 * stages - 2 - stage)
+            f_ok, b_ok = (f >= 0) & (f < microbatches), (b >= 0) & (b < microbatches)
+            f, b = jnp.clip(f, 0, microbatches - 1), jnp.clip(b, 0, microbatches - 1)
+            sent, returned, dh = held, grad, None
+            if forward:
+                y, inputs_of = stage_forward(jnp.where(stage == 0, embed(top, f), held))
+                slot = f % slots
+                kept = jax.lax.dynamic_update_index_in_dim(kept, jnp.where(f_ok, inputs_of, pick(kept, slot)), slot, 0)
+                sent = jax.lax.ppermute(y, "pp", to_next)
+                if backward:                       # the last stage: its loss and the loss's gradient, now
+                    value, back = jax.vjp(lambda tt, h: head_loss(tt, h, f), top, y)
+                    dtop_head, dh = back(jnp.asarray(loss_scale / microbatches, jnp.float32))
+                    on = (stage == last) & f_ok
+                    loss = loss + jnp.where(on, value, 0.0)
+                    dtop = masked_add(dtop, dtop_head, on)
+            if backward:
+                g = grad if dh is None else jnp.where(stage == last, dh.astype(grad.dtype), grad)
+                dx, dl = stage_backward(pick(kept, b % slots), g)
+                dlayers = masked_add(dlayers, dl, b_ok)
+                dtop = masked_add(dtop, jax.vjp(lambda tt: embed(tt, b), top)[1](dx)[0], (stage == 0) & b_ok)
+                returned = jax.lax.ppermute(dx, "pp", to_prev)
+            return (sent, returned, kept, dlayers, dtop, loss), None
+
+        zeros = jnp.zeros_like(first)
+        kept = jnp.zeros((slots, jax.tree.leaves(layers)[0].shape[0], *first.shape), first.dtype)
+        carry = (zeros, zeros, kept, jax.tree.map(jnp.zeros_like, layers), jax.tree.map(jnp.zeros_like, top),
+                 jnp.zeros((), jnp.float32))
+        m = microbatches
+        for lo, hi, forward, backward in ((0, last, True, False), (last, m + last, True, True),
+                                          (m + last, m + 2 * last, False, True)):
+            if hi > lo:
+                carry, _ = jax.lax.scan(lambda c, t, f=forward, b=backward: tick(c, t, f, b), carry,
+                                        jnp.arange(lo, hi))
+        _, _, _, dlayers, dtop, loss = carry
+        return loss * (loss_scale / microbatches), {"top": top_back(dtop)[0], "layers": dlayers}
+
+    return step
+
+
 # -- optimisers -----------------------------------------------------------------------------------
 
 def opt_shapes(params: Any, optimizer: str) -> Any:
@@ -308,7 +406,8 @@ def apply_update(params: Any, grads: Any, opt: Any, optimizer: str) -> tuple[Any
 
 def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, optimizer: str,
              reduce: Callable[[Any, Any], tuple[Any, Any]], train: bool, *, microbatches: int = 1,
-             last_stage: int | None = None, compute_dtype: Any = None) -> Callable[..., Any]:
+             last_stage: int | None = None, compute_dtype: Any = None,
+             grads_fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """The inference step ``(params, inputs)``, or the training step ``(params, opt_state, inputs, targets)``
     whose loss and gradients ``reduce`` sums over the devices that share them before the update.
 
@@ -317,7 +416,8 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
     the mesh axis ``pp`` (:func:`pipeline_forward_fn`, which takes the targets and returns the loss) whose
     stage ``last_stage`` holds the loss (the other stages' loss is zero). ``compute_dtype``: the parameters
     are master weights in another type, cast to this one once per step before the forward (their gradients
-    come back in the master type)."""
+    come back in the master type). ``grads_fn(params, inputs, targets) -> (loss, grads)``: how a training step
+    gets its loss and gradients when it is not by differentiating the forward (a 1F1B pipeline's own)."""
 
     def split(a):
         return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
@@ -339,7 +439,11 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
         return jnp.where(jax.lax.axis_index("pp") == last_stage, loss, jnp.zeros_like(loss))
 
     def train_step(params, opt_state, inputs, targets):
-        if accumulate:
+        if grads_fn is not None:
+            prm = params if compute_dtype is None else jax.tree.map(lambda w: w.astype(compute_dtype), params)
+            loss, grads = grads_fn(prm, inputs, targets)
+            grads = jax.tree.map(lambda g, w: g.astype(w.dtype), grads, params)
+        elif accumulate:
             def add(total, batch):
                 loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
                 return jax.tree.map(jnp.add, total, (loss.astype(jnp.float32), grads)), None
@@ -395,7 +499,7 @@ def argument_roles(model: LayeredModel, shapes: Any, opt: Any, train: bool) -> l
 
 def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: dict[str, int], scan: bool,
                      name: str, microbatches: int = 1, remat: str = "none", chunks: int = 1,
-                     sequence_parallel: bool = False, master: str = "none") -> str:
+                     sequence_parallel: bool = False, master: str = "none", one_f_one_b: bool = False) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
     any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
     dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
@@ -404,7 +508,8 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     it, ``microbatches`` > 1 accumulates gradients.
     ``remat``: activation recomputation (:data:`REMAT`); ``sequence_parallel``: Megatron's sequence
     parallelism inside tp (:class:`~.parallel.Collectives`); ``master="f32"``: the parameters, their
-    gradients and the optimizer state are f32 master weights of a step computed in the model's own type."""
+    gradients and the optimizer state are f32 master weights of a step computed in the model's own type;
+    ``one_f_one_b``: a training step's pipeline runs 1F1B (:func:`pipeline_1f1b_fn`) instead of GPipe."""
     sizes = {a: mesh[a] for a in MESH_AXES if mesh.get(a, 1) > 1}
     train = step == "train"
     stages = sizes.get("pp", 1)
@@ -453,8 +558,11 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
             loss = jax.lax.psum(loss, loss_axes)
         return loss, grads
 
+    grads_fn = None
+    if train and stages > 1 and one_f_one_b:
+        grads_fn = pipeline_1f1b_fn(model, stages=stages, microbatches=microbatches, col=col, loss_scale=loss_scale)
     fn = _step_fn(model, forward, col, loss_scale, optimizer, reduce, train, microbatches=microbatches,
-                  last_stage=stages - 1 if stages > 1 else None, compute_dtype=compute_dtype)
+                  last_stage=stages - 1 if stages > 1 else None, compute_dtype=compute_dtype, grads_fn=grads_fn)
     args = (shapes, opt, model.inputs, model.targets) if train else (shapes, model.inputs)
     in_specs = ((p_specs, opt_specs(p_specs, optimizer), in_batch, batch_spec) if train else (p_specs, in_batch))
     out_specs = (p_specs, opt_specs(p_specs, optimizer), P()) if train else batch_spec
@@ -526,11 +634,12 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
         return export_mesh_step(model, step=p["step"], optimizer=p["optimizer"], mesh=mesh,
                                 scan=p.get("scan", False), name=name, microbatches=microbatch_count(p, mesh),
                                 remat=p.get("remat", "none"), chunks=schedule_chunks(p.get("schedule", "gpipe")),
-                                sequence_parallel=bool(p.get("sp")), master=p.get("master", "none"))
+                                sequence_parallel=bool(p.get("sp")), master=p.get("master", "none"),
+                                one_f_one_b=p.get("schedule") == "1f1b")
     return export_step(model, step=p["step"], optimizer=p["optimizer"], devices=p["devices"],
                        parallel=p["parallel"], scan=p.get("scan", False), name=name)
 
 
 __all__ = ["REMAT", "LayeredModel", "apply_update", "argument_roles", "block_fn", "export_family_step",
            "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes",
-           "pipeline_forward_fn", "run_layers"]
+           "pipeline_1f1b_fn", "pipeline_forward_fn", "run_layers"]
