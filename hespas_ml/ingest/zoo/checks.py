@@ -59,7 +59,8 @@ MESH_PARAMS = (
              minimum=0, maximum=1 << 20, optional=True),
     ZooParam("schedule", str, "gpipe", "pipeline schedule under pp: gpipe (every microbatch forward, then "
              "every microbatch backward), 1f1b (a training step's forwards and backwards interleaved, so a "
-             "stage keeps the activations of the microbatches in flight only; with remat=full) or "
+             "stage keeps the activations of the microbatches in flight only; with remat=full; without pp "
+             "nothing to schedule) or "
              "interleaved:V (each stage's layers as V chunks, each microbatch round the stages V times: a V "
              "times shorter bubble, V times the messages)", optional=True),
     ZooParam("remat", str, "none", "activation recomputation: none, selective (projections kept, attention "
@@ -67,7 +68,7 @@ MESH_PARAMS = (
              optional=True),
     ZooParam("sp", bool, False, "Megatron's sequence parallelism inside tp: between the tensor-parallel "
              "regions the activations are split along the sequence (reduce-scatter and all-gather instead "
-             "of all-reduce)", optional=True),
+             "of all-reduce); without tp nothing", optional=True),
     ZooParam("master", str, "none", "mixed-precision training's master weights: f32 keeps the parameters, "
              "their gradients and the optimizer state in f32 and computes in dtype=bf16 (a bf16 copy of the "
              "parameters made each step, as Megatron-LM and FSDP do); none: everything in dtype",
@@ -219,15 +220,11 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
     cp = mesh.get("cp", 1)
     if cp > 1 and p.get("seq", 0) % cp:
         return f"cp {cp} does not divide seq {p['seq']}"
-    if p.get("sp"):
-        tp = mesh.get("tp", 1)
-        if tp == 1:
-            return "sp=true splits the sequence over tp: give the mesh a tp axis"
+    if p.get("sp") and mesh.get("tp", 1) > 1:                  # without tp there is nothing to split
+        tp = mesh["tp"]
         if p.get("seq", 0) % (tp * cp):
             return f"sp=true: tp {tp}{f' × cp {cp}' if cp > 1 else ''} does not divide seq {p['seq']}"
-    if p.get("schedule") == "1f1b":
-        if mesh.get("pp", 1) == 1:
-            return "schedule=1f1b schedules pipeline stages: give the mesh a pp axis"
+    if p.get("schedule") == "1f1b" and mesh.get("pp", 1) > 1:      # without pp there is nothing to schedule
         if p.get("step") == "train" and p.get("remat", "none") != "full":
             return ("schedule=1f1b makes each layer's activations again in its backward: give remat=full "
                     f"(not remat={p.get('remat', 'none')})")
