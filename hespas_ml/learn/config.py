@@ -34,6 +34,9 @@ class TrainConfig:
     fidelity: str = "roofline"            # roofline | scalesim | profiling
     targets: list[str] | None = None      # restrict to these targets (None: all the dataset has)
     max_noise: float | None = None        # drop labels whose measurement noise (IQR/median) is above this
+    in_program: bool = False              # learn measured times less the dispatch overhead their labels record
+                                          #   (device labels: a region's time inside a program, as the
+                                          #   measured fidelity answers; hespas_ml.learn.tables.in_program_labels)
     # how to split (see hespas_ml.learn.splits)
     split: str = "family"                 # family | size | array | random
     holdout: list[str] | None = None      # held-out families / targets / size fraction (None: default)

@@ -31,6 +31,7 @@ from .plots import plot_error_histogram, plot_parity
 from .registry import (CHAMPION, EXPERIMENT, LoadedModel, RegistryError, alias_version, load_surrogate,
                        log_surrogate, model_name, open_store, register_version)
 from .surrogate import Surrogate
+from .tables import in_program_labels
 
 COMPARE_METRICS = ("median_ape", "p90_ape", "mean_ape", "log_rmse")
 # TrainConfig fields that fix the network's shape: a warm start keeps them.
@@ -291,6 +292,8 @@ def train_and_register(dataset, config: TrainConfig, *, tracking_uri: str | os.P
             log_metrics(mlflow, search_result.metrics())
             mlflow.set_tags({"optuna.study": search_result.study_name, "optuna.storage": search_result.storage})
 
+        if config.in_program:
+            dataset = in_program_labels(dataset)
         train, val, test = make_split(dataset, config)
         sizes = {"train": len(train), "val": len(val), "test": len(test)}
         mlflow.log_params({**config_params(config), **_dataset_params(dataset),

@@ -73,6 +73,27 @@ def label_rows(dataset, fidelity: str, targets: Iterable[str] | None = None,
     })
 
 
+def in_program_labels(dataset):
+    """``dataset`` with each profiling label's seconds made its time inside a program: less the dispatch
+    overhead its ``meta`` records (:func:`hespas_ml.label.measured_fidelity.in_program`; unchanged where none
+    is recorded). A label left at zero is marked failed, so no model learns it."""
+    from dataclasses import replace
+
+    from ..label.measured_fidelity import in_program
+
+    labels = dataset.labels.copy()
+    rows = (labels["fidelity"] == "profiling").to_numpy() & (labels["status"] == "ok").to_numpy()
+    seconds = labels["seconds"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
+    metas = labels["meta"].to_numpy()
+    for i in np.flatnonzero(rows):
+        seconds[i] = in_program(float(seconds[i]), metas[i] if isinstance(metas[i], str) else None)
+    labels["seconds"] = seconds
+    gone = rows & ~(seconds > 0)
+    labels.loc[gone, "status"] = "failed"
+    labels.loc[gone, "reason"] = "no time left once the dispatch overhead is taken off"
+    return replace(dataset, labels=labels)
+
+
 def target_from_vector(name: str, vector: dict[str, float]) -> Target:
     """A :class:`Target` whose ``to_vector()`` is ``vector`` (peaks of the vector's dtypes only)."""
     matrix = {d: 10.0 ** vector[f"log10_matrix_flops_{d}"] for d in VECTOR_DTYPES}
