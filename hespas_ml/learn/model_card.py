@@ -24,6 +24,9 @@ def model_card(out, dataset, command: str) -> str:
     n_params = sum(p.numel() for p in s.net.parameters()) if s.net is not None else 0
     m = dataset.manifest
     counts = (m.get("counts") or {}).get("labels_by_fidelity", {}).get(c.fidelity, {})
+    if not counts:                          # a folder collected from measurements: count its labels
+        mine = dataset.labels[dataset.labels["fidelity"] == c.fidelity]
+        counts = {str(k): int(v) for k, v in mine["status"].value_counts().items()}
     lines = [f"# Learned surrogate of the `{c.fidelity}` fidelity", "",
              f"Use it as `--fidelity surrogate:{c.fidelity}` (`hespas-ml simulate`, sweeps, studies) or "
              f"`hespas-ml predict PROGRAM --fidelity {c.fidelity}`. Files: `weights.pt` (a torch state_dict, "
@@ -32,6 +35,8 @@ def model_card(out, dataset, command: str) -> str:
              f"* dataset: `{Path(dataset.path).name}` (spec `{(m.get('spec') or {}).get('name', '?')}`, built "
              f"{m.get('created', '?')}): {len(dataset.regions)} unique regions; {c.fidelity} labels: "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+             *(["* learned as times inside a program: each label less the dispatch overhead it records "
+                "(`in_program`)"] if c.in_program else []),
              f"* targets learned: {', '.join(s.trained_on.get('targets', [])) or '-'}",
              f"* families in training: {', '.join(s.trained_on.get('families', [])) or '-'}",
              *([f"* labelling machine's timing steadiness: {describe_log(dataset.steadiness())}"]
