@@ -181,6 +181,10 @@ def test_llama_fsdp_gathers_parameters_and_reduce_scatters_gradients():
     # inference: the same gathers, no gradients
     gi = load(f"{LLAMA}&devices=4&parallel=fsdp&step=infer")
     assert len(kinds(gi, "all_gather")) == n_leaves and not kinds(gi, "reduce_scatter")
+    # recomputing the layers, the backward gathers each layer's parameters again (FSDP frees them after use)
+    for remat in ("selective", "full"):
+        gr = load(f"{LLAMA}&devices=4&mesh=fsdp:4&remat={remat}")
+        assert len(kinds(gr, "all_gather")) == n_leaves + 2 * 9 and len(kinds(gr, "reduce_scatter")) == n_leaves
 
 
 def test_llama_tp_all_reduces_after_attention_and_mlp_and_splits_the_vocabulary():

@@ -109,10 +109,14 @@ scores and softmax among them (Megatron-LM's selective recomputation); ``full`` 
 
 
 def block_fn(model: LayeredModel, col: Collectives, remat: str = "none") -> Callable[..., Any]:
-    """``block(layer, x, ctx)``: one of ``model``'s blocks under the activation recomputation ``remat``."""
+    """``block(lp, x, ctx)``: one of ``model``'s blocks on its layer's parameters ``lp`` as the device holds
+    them (under FSDP gathered first), under the activation recomputation ``remat``. The gather is part of
+    what is recomputed: with ``selective`` or ``full`` the backward gathers the layer's parameters again, as
+    FSDP does once it has freed them (without recomputation the gathered parameters are kept for the
+    backward)."""
 
     def block(lp, x, ctx):
-        return model.block(lp, x, ctx, col)
+        return model.block(col.gather(lp, "layer"), x, ctx, col)
 
     if remat == "none":
         return block
@@ -124,15 +128,14 @@ def run_layers(model: LayeredModel, layers: Any, x, ctx, col: Collectives, *, sc
                window: tuple[Any, int] | None = None):
     """``x`` through every layer of ``layers``: a list of parameter groups, or one group stacked along a
     leading axis (run as one ``lax.scan`` with ``scan``, else unrolled). Under FSDP each layer's parameters
-    are gathered right before it runs (inside the loop). ``window=(start, count)``: only the stacked layers
-    ``start .. start + count - 1`` (``start`` may be traced), each read where it lies."""
+    are gathered right before it runs (inside the loop) and again in the backward. ``window=(start, count)``:
+    only the stacked layers ``start .. start + count - 1`` (``start`` may be traced), each read where it lies."""
     block = block_fn(model, col, remat)
     if window is not None:
         start, count = window
 
         def layer(i):
-            return col.gather(jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, start + i, keepdims=False),
-                                           layers), "layer")
+            return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, start + i, keepdims=False), layers)
 
         if scan:
             return jax.lax.scan(lambda h, i: (block(layer(i), h, ctx), None), x, jnp.arange(count))[0]
@@ -141,14 +144,12 @@ def run_layers(model: LayeredModel, layers: Any, x, ctx, col: Collectives, *, sc
         return x
     if isinstance(layers, list):
         for lp in layers:
-            x = block(col.gather(lp, "layer"), x, ctx)
+            x = block(lp, x, ctx)
         return x
     if scan:
-        def body(h, lp):
-            return block(col.gather(lp, "layer"), h, ctx), None
-        return jax.lax.scan(body, x, layers)[0]
+        return jax.lax.scan(lambda h, lp: (block(lp, h, ctx), None), x, layers)[0]
     for i in range(jax.tree.leaves(layers)[0].shape[0]):
-        x = block(col.gather(jax.tree.map(lambda a, i=i: a[i], layers), "layer"), x, ctx)
+        x = block(jax.tree.map(lambda a, i=i: a[i], layers), x, ctx)
     return x
 
 
