@@ -287,10 +287,11 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
     backward of microbatch ``t - (2·stages - 2 - s)``, each sent on to the next (previous) stage by
     ``ppermute``; the last stage takes its loss's gradient in the tick of the forward. The first
     ``stages - 1`` ticks only run forwards and the last ``stages - 1`` only backwards, so the step takes
-    (microbatches + stages - 1) forwards and backwards on every stage, GPipe's and 1F1B's time, while a
-    stage keeps at most ``2·(stages - 1 - s) + 1`` microbatches' layer inputs instead of all of them (a
-    real 1F1B interleaves forwards and backwards out of step across stages and keeps ``stages - s``; in
-    lock-step a message takes a whole tick each way). ``loss_scale`` scales each microbatch's loss (the
+    (microbatches + stages - 1) forwards and backwards on every stage, GPipe's and 1F1B's time, while
+    every stage holds the layer inputs of ``min(microbatches, 2·stages - 1)`` microbatches, not of every
+    tick (stage s has ``2·(stages - 1 - s) + 1`` of them in flight at most, the first stage the most; a real
+    1F1B interleaves forwards and backwards out of step across stages and has ``stages - s``: in lock-step a
+    message takes a whole tick each way). ``loss_scale`` scales each microbatch's loss (the
     mean over the replicas that share the batch); the loss and the gradients of the embedding and head
     count on the first and last stage only, as the caller's reduction expects."""
     last = stages - 1
