@@ -79,7 +79,7 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:moe?group=64&seq=16&batch=8&devices=4&parallel=ep", "group=64 does not divide the 32 tokens of a device"),
     ("zoo:llama?heads=8&kv_heads=8&mesh=dp:2,tp:16&devices=32", "tp 16 does not divide heads 8"),
     ("zoo:llama?mesh=dp:2,tp:4&devices=4", "mesh=dp:2,tp:4 spans 8 devices, not devices=4"),
-    ("zoo:llama?mesh=sp:2&devices=2", "mesh axis 'sp' is not one of pp, dp, fsdp, cp, tp"),
+    ("zoo:llama?mesh=sp:2&devices=2", "mesh axis 'sp' is not one of pp, dp, fsdp, ep, cp, tp"),
     ("zoo:llama?seq=30&mesh=cp:4&devices=4", "cp 4 does not divide seq 30"),
     ("zoo:llama?seq=20&mesh=cp:2,tp:4&devices=8&sp=true", "sp=true: tp 4 × cp 2 does not divide seq 20"),
     ("zoo:llama?layers=4&mesh=pp:3&devices=3", "pp 3 does not divide layers 4"),
@@ -97,6 +97,9 @@ def test_families_are_registered_with_documented_parameters():
     ("zoo:gpt?remat=most", "remat=most is not one of none, selective, full"),
     ("zoo:llama?mesh=dp:2,dp:2&devices=4", "mesh axis 'dp' is given twice"),
     ("zoo:llama?mesh=dp:3,tp:2&devices=6&batch=8", "dp × fsdp = 3 does not divide batch 8"),
+    ("zoo:llama?mesh=ep:2&devices=2", "ep 2 splits experts: this model has none (the moe family does)"),
+    ("zoo:moe?mesh=ep:3&devices=3&batch=9", "ep 3 does not divide experts 8"),
+    ("zoo:moe?mesh=dp:2,ep:2&devices=4&batch=6", "dp × fsdp × ep = 4 does not divide batch 6"),
     ("zoo:llama?mesh=dp:2,tp:4&devices=8&parallel=tp", "leave parallel=tp out"),
     ("zoo:gpt?heads=12&mesh=dp:2,tp:8&devices=16", "tp 8 does not divide heads 12"),
     ("zoo:gpt?d_model=100&heads=8", "d_model=100 is not divisible by heads=8"),
@@ -497,3 +500,17 @@ def test_cli_simulates_a_llama_on_a_ring(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "(4 devices)" in out and "step time" in out
+
+
+def test_moe_on_a_mesh_splits_the_experts_over_ep_and_sends_tokens_to_them_with_all_to_all():
+    """mesh=ep:4 is parallel=ep's program; with dp and tp beside it each expert group spans the ep axis only,
+    a device holds 8 / 2 experts of 768 / 2 hidden units, and the non-expert gradients are summed over dp × ep."""
+    alone, mesh = load("zoo:moe?devices=4&parallel=ep&batch=8"), load("zoo:moe?mesh=ep:4&devices=4&batch=8")
+    for kind in ("all_to_all", "all_reduce"):
+        assert len(kinds(mesh, kind)) == len(kinds(alone, kind)) > 0
+    assert matrix_flops(mesh) == matrix_flops(alone)
+    g = load("zoo:moe?mesh=dp:2,ep:2,tp:2&devices=8&batch=8")
+    groups = {(op.kind, tuple(map(tuple, op.attrs["replica_groups"]))) for op in g.ops if op.is_collective}
+    assert {gr for kind, gr in groups if kind == "all_to_all"} == {((0, 2), (1, 3), (4, 6), (5, 7))}  # ep: stride 2
+    assert "4x256x384xf32" in {str(t) for t in g.inputs}             # w_gate: experts / ep, hidden units / tp
+    assert ("all_reduce", ((0, 2, 4, 6), (1, 3, 5, 7))) in groups    # the non-expert gradients over dp × ep

@@ -45,15 +45,17 @@ def check_parallel(p: dict[str, Any], tp_dims: dict[str, int], ep_dims: dict[str
     return None
 
 
-MESH_AXES = ("pp", "dp", "fsdp", "cp", "tp")
+MESH_AXES = ("pp", "dp", "fsdp", "ep", "cp", "tp")
 """The axes of a several-axis mesh, outermost first: ``tp`` innermost (within a node), then context
-parallelism (``cp``: the sequence split), fsdp and dp, pipeline stages (``pp``) outermost."""
+parallelism (``cp``: the sequence split), expert parallelism (``ep``: the experts split, the batch too, tokens
+sent to their experts and back with all_to_all), fsdp and dp, pipeline stages (``pp``) outermost."""
 
 
 MESH_PARAMS = (
-    ZooParam("mesh", str, "", "several of pp, dp, fsdp, cp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 "
+    ZooParam("mesh", str, "", "several of pp, dp, fsdp, ep, cp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 "
              "(their product is devices; tp innermost, pp outermost; cp splits the sequence, its attention "
-             "gathering the keys and values); empty: the one axis of parallel", optional=True),
+             "gathering the keys and values; ep splits the experts of a mixture of experts); empty: the one "
+             "axis of parallel", optional=True),
     ZooParam("microbatch", int, 0, "sequences per microbatch (0: the whole local batch at once); the local "
              "batch (batch / dp·fsdp) is cut into microbatches: a pipeline's (pp), else accumulated gradients",
              minimum=0, maximum=1 << 20, optional=True),
@@ -138,13 +140,18 @@ def mesh_of(p: dict[str, Any]) -> dict[str, int]:
     return {}
 
 
+def batch_shards(mesh: dict[str, int]) -> int:
+    """How many parts the batch is split into on ``mesh``: dp × fsdp × ep."""
+    return mesh.get("dp", 1) * mesh.get("fsdp", 1) * mesh.get("ep", 1)
+
+
 def microbatch_count(p: dict[str, Any], mesh: dict[str, int], batch_key: str = "batch") -> int:
-    """How many microbatches a step's local batch is cut into: the batch over dp × fsdp, over
+    """How many microbatches a step's local batch is cut into: the batch over dp × fsdp × ep, over
     ``p["microbatch"]`` sequences each (0 or absent: one)."""
     size = p.get("microbatch") or 0
     if not size:
         return 1
-    return p[batch_key] // (mesh.get("dp", 1) * mesh.get("fsdp", 1)) // size
+    return p[batch_key] // batch_shards(mesh) // size
 
 
 def schedule_chunks(schedule: str) -> int:
@@ -172,18 +179,22 @@ def pipeline_bubble(p: dict[str, Any], batch_key: str = "batch") -> float:
     return (stages - 1) / (chunks * microbatch_count(p, mesh, batch_key) + stages - 1)
 
 
-def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
+def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch",
+                 ep_dims: dict[str, int] | None = None) -> str | None:
     """A message when ``p`` cannot lay its step out: on its ``mesh`` (:func:`check_mesh`), else on ``devices``
     shared as ``parallel`` says (:func:`check_parallel`) with its microbatches and recomputation."""
     if p["mesh"]:
-        return check_mesh(p, tp_dims, batch_key)
-    return check_parallel(p, tp_dims, batch_key=batch_key) or check_mesh(p, tp_dims, batch_key)
+        return check_mesh(p, tp_dims, batch_key, ep_dims)
+    return (check_parallel(p, tp_dims, ep_dims, batch_key=batch_key)
+            or check_mesh(p, tp_dims, batch_key, ep_dims))
 
 
-def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch") -> str | None:
+def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch",
+               ep_dims: dict[str, int] | None = None) -> str | None:
     """A message when ``p["mesh"]`` cannot lay out the step: its product is not ``devices``, it is given
-    with another ``parallel``, tp does not divide each of ``tp_dims``, dp × fsdp does not divide the batch,
-    pp does not divide the layers; or when ``microbatch`` does not divide the local batch."""
+    with another ``parallel``, tp does not divide each of ``tp_dims``, ep each of ``ep_dims`` (a model
+    without experts takes no ep), dp × fsdp × ep does not divide the batch, pp does not divide the layers;
+    or when ``microbatch`` does not divide the local batch."""
     try:
         mesh = parse_mesh(p["mesh"])
     except ValueError as exc:
@@ -199,6 +210,12 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
                 return f"tp {mesh['tp']} does not divide {name} {size}"
         if p.get("layers", 1) % mesh.get("pp", 1):
             return f"pp {mesh['pp']} does not divide layers {p['layers']}"
+        if mesh.get("ep", 1) > 1:
+            if not ep_dims:
+                return f"ep {mesh['ep']} splits experts: this model has none (the moe family does)"
+            for name, size in ep_dims.items():
+                if size % mesh["ep"]:
+                    return f"ep {mesh['ep']} does not divide {name} {size}"
     elif (p.get("microbatch") or p.get("remat", "none") != "none" or p.get("master", "none") != "none") \
             and p["devices"] > 1 and p["parallel"] not in MESH_AXES:
         return (f"microbatch, remat and master run on a mesh: write mesh={p['parallel'].removesuffix('-partitioned')}:"
@@ -210,12 +227,13 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
     if p.get("master", "none") != "none" and (p.get("dtype") != "bf16" or p.get("step") != "train"):
         return (f"master={p['master']} keeps f32 weights beside a bf16 training step: it needs dtype=bf16 and "
                 "step=train")
-    shards = mesh.get("dp", 1) * mesh.get("fsdp", 1)
+    shards = batch_shards(mesh)
+    split = "dp × fsdp × ep" if mesh.get("ep", 1) > 1 else "dp × fsdp"
     if p[batch_key] % shards:
-        return f"dp × fsdp = {shards} does not divide {batch_key} {p[batch_key]}"
+        return f"{split} = {shards} does not divide {batch_key} {p[batch_key]}"
     size = p.get("microbatch") or 0
     if size and (p[batch_key] // shards) % size:
-        return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each dp × fsdp shard "
+        return (f"microbatch {size} does not divide the {p[batch_key] // shards} sequences each {split} shard "
                 f"holds ({batch_key} {p[batch_key]} over {shards})")
     cp = mesh.get("cp", 1)
     if cp > 1 and p.get("seq", 0) % cp:

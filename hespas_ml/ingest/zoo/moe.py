@@ -15,7 +15,9 @@ group size, not with the batch.
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` | ``ep`` (explicit collectives) or the same
 with ``-partitioned`` (XLA's SPMD partitioner); see :mod:`.parallel`. Under ``ep`` the experts are split
 over the devices, the batch too, and dispatched tokens travel to their experts and back with
-``all_to_all``; under ``tp`` heads and every expert's hidden units are split.
+``all_to_all``; under ``tp`` heads and every expert's hidden units are split. ``mesh=ep:E,dp:D,tp:T,pp:P``
+(any of pp, dp, fsdp, ep, cp, tp) uses several at once, with microbatches, pipeline schedules, recomputation
+and master weights as the llama family takes them.
 
 Example sizes: the defaults have ~12M parameters (8 experts); a Mixtral-8x7B-like model is
 ``layers=32&d_model=4096&heads=32&kv_heads=8&ffn=14336&vocab=32000``.
@@ -26,7 +28,7 @@ import math
 from typing import Any
 
 from .base import MAX_DEVICES, ZooEntry, ZooParam
-from .checks import check_heads, check_parallel, swiglu_hidden
+from .checks import MESH_PARAMS, batch_shards, check_heads, check_layout, mesh_of, microbatch_count, swiglu_hidden
 
 PARALLEL = ("dp", "fsdp", "tp", "ep", "dp-partitioned", "fsdp-partitioned", "tp-partitioned", "ep-partitioned")
 
@@ -55,6 +57,7 @@ PARAMS = (
     ZooParam("devices", int, 1, "devices the step runs on", minimum=1, maximum=MAX_DEVICES),
     ZooParam("parallel", str, "dp", "how several devices share the step: dp, fsdp, tp, ep (shard_map, "
              "explicit collectives) or the same with -partitioned (XLA's SPMD partitioner)", choices=PARALLEL),
+    *MESH_PARAMS,
 )
 
 
@@ -64,8 +67,14 @@ def sizes(p: dict[str, Any]) -> dict[str, int]:
     otherwise, which XLA's partitioner then splits), ``group`` (tokens routed together) and ``slots``
     (expert capacity per group)."""
     n = p["devices"]
-    split = n > 1 and p["parallel"] in ("dp", "fsdp", "ep")    # explicit strategies that split the batch
-    tokens = p["batch"] * p["seq"] // (n if split and p["batch"] % n == 0 else 1)
+    if p.get("mesh"):                                            # a microbatch of one batch shard, its part of seq
+        mesh = mesh_of(p)
+        shards = batch_shards(mesh) * microbatch_count(p, mesh)
+        tokens = p["batch"] // shards * p["seq"] // mesh.get("cp", 1) if p["batch"] % shards == 0 else \
+            p["batch"] * p["seq"]
+    else:
+        split = n > 1 and p["parallel"] in ("dp", "fsdp", "ep")    # explicit strategies that split the batch
+        tokens = p["batch"] * p["seq"] // (n if split and p["batch"] % n == 0 else 1)
     group = p["group"] or p["seq"]
     slots = max(1, math.ceil(p["top_k"] * group * p["capacity"] / p["experts"]))
     return {"ffn": p["ffn"] or swiglu_hidden(p["d_model"]), "kv_heads": p["kv_heads"] or p["heads"],
@@ -93,8 +102,8 @@ def check(p: dict[str, Any]) -> str | None:
     if s["tokens"] % s["group"]:
         where = "of a device " if s["tokens"] != p["batch"] * p["seq"] else ""
         return f"group={s['group']} does not divide the {s['tokens']} tokens {where}(batch·seq)"
-    return check_parallel(p, tp_dims={"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"]},
-                          ep_dims={"experts": p["experts"]})
+    return check_layout(p, tp_dims={"heads": p["heads"], "kv_heads": s["kv_heads"], "ffn": s["ffn"]},
+                        ep_dims={"experts": p["experts"]})
 
 
 def forward_flops(p: dict[str, Any]) -> dict[str, int]:
@@ -195,5 +204,5 @@ ENTRY = ZooEntry(
     params=PARAMS,
     generate=generate,
     check=check,
-    version=4,  # under FSDP each layer's parameters are gathered again in the backward
+    version=4,  # under FSDP each layer's parameters are gathered again in the backward; meshes (ep among them)
 )

@@ -461,34 +461,36 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
     return train_step if train else infer_step
 
 
-def _mesh_layouts(model: LayeredModel, mesh: dict[str, int]) -> tuple[dict[str, Axes], dict[str, Axes]]:
-    """(tp, fsdp) split dimension of every parameter of each group on ``mesh``: tp as the model names it,
-    fsdp the largest other dimension the fsdp size divides (see :func:`~.parallel.fsdp_axis`)."""
+def _mesh_layouts(model: LayeredModel, mesh: dict[str, int]) -> tuple[dict[str, Axes], dict[str, Axes],
+                                                                      dict[str, Axes]]:
+    """(tp, fsdp, ep) split dimension of every parameter of each group on ``mesh``: tp and ep as the model
+    names them, fsdp the largest other dimension the fsdp size divides (see :func:`~.parallel.fsdp_axis`)."""
     tp_layout = layouts(model, "tp", 1) if "tp" in mesh else layouts(model, "dp", 1)
+    ep_layout = layouts(model, "ep", 1) if "ep" in mesh else layouts(model, "dp", 1)
     fsdp_layout: dict[str, Axes] = {}
     for group, shapes in (("top", model.top), ("layer", model.layer)):
         fsdp_layout[group] = {}
         for k, sh in shapes.items():
             dim = None
             if "fsdp" in mesh:
-                avoid = tp_layout[group][k]
-                free = [d if i != avoid else 0 for i, d in enumerate(sh.shape)]
+                avoid = (tp_layout[group][k], ep_layout[group][k])
+                free = [d if i not in avoid else 0 for i, d in enumerate(sh.shape)]
                 dim = fsdp_axis(tuple(free), mesh["fsdp"])
             fsdp_layout[group][k] = dim
-    return tp_layout, fsdp_layout
+    return tp_layout, fsdp_layout, ep_layout
 
 
-def _mesh_specs(tp_axes: Any, fsdp_axes: Any, shapes: Any) -> Any:
-    """PartitionSpecs naming the ``tp`` and ``fsdp`` mesh axes at the dimensions the two trees give."""
-    if isinstance(tp_axes, dict):
-        return {k: _mesh_specs(tp_axes[k], fsdp_axes[k], shapes[k]) for k in tp_axes}
-    if isinstance(tp_axes, list):
-        return [_mesh_specs(a, b, c) for a, b, c in zip(tp_axes, fsdp_axes, shapes)]
+def _mesh_specs(shapes: Any, **axes: Any) -> Any:
+    """PartitionSpecs naming each mesh axis of ``axes`` (``tp=tree, fsdp=tree, …``: trees of split
+    dimensions in the structure of ``shapes``) at the dimension its tree gives."""
+    if isinstance(shapes, dict):
+        return {k: _mesh_specs(shapes[k], **{a: t[k] for a, t in axes.items()}) for k in shapes}
+    if isinstance(shapes, list):
+        return [_mesh_specs(c, **{a: t[i] for a, t in axes.items()}) for i, c in enumerate(shapes)]
     dims: list[str | None] = [None] * len(shapes.shape)
-    if tp_axes is not None:
-        dims[tp_axes] = "tp"
-    if fsdp_axes is not None:
-        dims[fsdp_axes] = "fsdp"
+    for name, dim in axes.items():
+        if dim is not None:
+            dims[dim] = name
     return P(*dims)
 
 
@@ -504,7 +506,8 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
                      sequence_parallel: bool = False, master: str = "none", one_f_one_b: bool = False) -> str:
     """Export ``model``'s step on a mesh of several axes at once (``{"pp": S, "dp": D, "fsdp": F, "tp": T}``,
     any subset), with ``shard_map`` over an abstract mesh laid out as :data:`MESH_AXES`: the batch split over
-    dp × fsdp, parameters split over tp (Megatron) and fsdp (gathered before use), gradients summed over dp.
+    dp × fsdp × ep, parameters split over tp (Megatron), ep (the experts) and fsdp (gathered before use),
+    gradients summed over dp (and over ep, those it does not split).
     With ``pp`` the layers are split into that many consecutive stages, run as a pipeline of
     ``microbatches`` (:func:`pipeline_forward_fn`: GPipe, or interleaved with ``chunks`` per stage); without
     it, ``microbatches`` > 1 accumulates gradients.
@@ -516,13 +519,15 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
     train = step == "train"
     stages = sizes.get("pp", 1)
     stacked = scan or stages > 1
-    tp_layout, fsdp_layout = _mesh_layouts(model, sizes)
+    tp_layout, fsdp_layout, ep_layout = _mesh_layouts(model, sizes)
     shapes = param_shapes(model, stacked)
     compute_dtype = None
     if master == "f32":
         compute_dtype = jax.tree.leaves(shapes)[0].dtype
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), shapes)
-    p_specs = _mesh_specs(param_axes(model, tp_layout, stacked), param_axes(model, fsdp_layout, stacked), shapes)
+    ep_axes = param_axes(model, ep_layout, stacked)
+    p_specs = _mesh_specs(shapes, tp=param_axes(model, tp_layout, stacked),
+                          fsdp=param_axes(model, fsdp_layout, stacked), ep=ep_axes)
     if stages > 1:                             # each stage holds its consecutive layers
         p_specs["layers"] = jax.tree.map(lambda sp: P("pp", *tuple(sp)[1:]), p_specs["layers"],
                                          is_leaf=lambda sp: isinstance(sp, P))
@@ -530,12 +535,12 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
                                       chunks=chunks)
     else:
         forward = forward_fn(model, scan, remat)
-    batch_axes = tuple(a for a in ("dp", "fsdp") if a in sizes)
+    batch_axes = tuple(a for a in ("dp", "fsdp", "ep") if a in sizes)
     batch_spec = P(batch_axes or None, "cp") if "cp" in sizes else (P(batch_axes) if batch_axes else P())
     in_batch = tuple(batch_spec for _ in model.inputs)
     opt = opt_shapes(shapes, optimizer) if train else ()
     col = Collectives("mesh", int(np.prod(list(sizes.values()) or [1])), fsdp_layout,
-                      mesh_axes={a: a for a in ("fsdp", "cp", "tp") if a in sizes},
+                      mesh_axes={a: a for a in ("fsdp", "ep", "cp", "tp") if a in sizes},
                       sequence_parallel=sequence_parallel)
     shared = batch_axes + (("cp",) if "cp" in sizes else ())     # devices whose losses make one mean
     loss_scale = 1.0 / float(np.prod([sizes[a] for a in shared] or [1]))
@@ -548,6 +553,9 @@ def export_mesh_step(model: LayeredModel, *, step: str, optimizer: str, mesh: di
         replicas = tuple(a for a in ("dp", "cp") if a in sizes)
         if replicas:                           # fsdp's gradients come back reduce-scattered from the gathers
             grads = jax.tree.map(lambda g: jax.lax.psum(g, replicas), grads)
+        if "ep" in sizes:                      # ep splits the batch too: what it does not split, it sums
+            grads = jax.tree.map(lambda a, g: jax.lax.psum(g, "ep") if a is None else g, ep_axes, grads,
+                                 is_leaf=lambda a: a is None)
         if col.sequence_parallel:              # a norm's weights saw only this device's part of the sequence
             grads = jax.tree.map(lambda a, g: jax.lax.psum(g, "tp") if a is None else g, tp_axes, grads,
                                  is_leaf=lambda a: a is None)
