@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..ingest.errors import HespasError
-from ..units import format_seconds
+from ..units import format_bytes, format_seconds
 
 REQUIRED = ("config_id", "workload", "devices", "target", "system", "status", "step_time_s", "compute_time_s",
             "exposed_comm_s")
@@ -86,9 +86,9 @@ def _x_column(df, x: str | None) -> str:
     return x
 
 
-def _row(r) -> dict[str, Any]:
+def _row(r, xcol: str = "devices") -> dict[str, Any]:
     out = {}
-    for k in SHOWN:
+    for k in (*SHOWN, xcol):
         if k in r.index:
             v = r[k]
             out[k] = (None if isinstance(v, float) and math.isnan(v) else
@@ -119,8 +119,8 @@ def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
         front = g.iloc[pos]
         best = g.nsmallest(top, "step_time_s") if top > 0 else g.iloc[:0]
         workloads.append({"workload": name, "configs": int(len(g)),
-                          "front": [_row(r) for _, r in front.iterrows()],
-                          "best": [_row(r) for _, r in best.iterrows()]})
+                          "front": [_row(r, xcol) for _, r in front.iterrows()],
+                          "best": [_row(r, xcol) for _, r in best.iterrows()]})
     return {"configs": int(len(df)), "ok": int(len(ok)), "not_fitting": int(len(too_big)),
             "failed": int(len(failed)), "x": xcol,
             "failures": [{"error": k, "configs": int(v)} for k, v in (errors.items() if len(failed) else [])],
@@ -130,7 +130,9 @@ def make_report(df, x: str | None = None, top: int = 3) -> dict[str, Any]:
 def _fmt_x(v: Any, xcol: str) -> str:
     if v is None:
         return "-"
-    return f"${v:.4g}" if xcol.startswith("cost") else str(v)
+    if xcol.startswith("cost"):
+        return f"${v:.4g}"
+    return format_bytes(v) if xcol.endswith("_bytes") else str(v)
 
 
 def print_report(rep: dict[str, Any], out: TextIO) -> None:
