@@ -7,9 +7,10 @@ group in a kernel: a matrix product ``[M, K] x [K, M]`` with element-wise multip
 compute-bound group's product is near a cube, the memory-bound group's skinny), or, for a group without
 matrix FLOPs, an element-wise chain over one input.
 
-A program with collectives also has its traffic carried: one collective per kind, element type and set of
-device groups (or send/recv pairs), moving what all of the original's of that kind moved per device
-(ASTRA-sim's ``comm_size`` meaning, summed over executions). How much of that communication the step
+A program with collectives also has its traffic carried: for each kind, element type and set of device
+groups (or send/recv pairs), as many collectives as the original ran (each pays the network's latency; at
+most :data:`MAX_PIECES`), together moving what the original's moved per device (ASTRA-sim's ``comm_size``
+meaning, summed over executions). How much of that communication the step
 hides matters as much as its volume, so the compute is cut in two: the first part runs, the collectives
 start on its result, and the second part runs beside them. The second part's share is solved from one
 simulation of the stand-in with nothing beside its collectives (what they take exposed) against the
@@ -17,8 +18,9 @@ original's exposed communication, so the stand-in hides as much as the original 
 
 Sizes are solved in closed form and rounded to whole dimensions; :func:`make_lookalike` simulates both
 programs and reports how far apart they come. What the stand-in does not keep: the op graph, the number of
-kernels and collectives and their sizes, the element types but the dominant one, and anything a real run
-would add to the roofline (launches). It matches on the target and system it was made for; another's
+kernels and their sizes, each collective's own size (it keeps how many of each kind ran, and on which
+device groups), the element types but the dominant one, and anything a real run would add to the roofline
+(launches). It matches on the target and system it was made for; another's
 peaks and bandwidths give other times.
 """
 from __future__ import annotations
@@ -140,9 +142,9 @@ def _dense_i64(rows) -> str:
 
 
 def _collective(t: Traffic, devices: int, tag: str, operand: str, channel: int, body: list[str]) -> tuple[str, str]:
-    """One piece of ``t`` on ``operand`` (a buffer of :func:`traffic_type`). Returns the result and its type."""
+    """One piece of ``t`` on ``operand`` (a buffer of :func:`_traffic_type`). Returns the result and its type."""
     groups = [list(g) for g in t.groups] or [list(range(devices))]
-    size, ty, n = len(groups[0]), traffic_type(t, devices), _elements(t, devices)
+    size, ty, n = len(groups[0]), _traffic_type(t, devices), _elements(t, devices)
     attrs = f"channel_handle = #stablehlo.channel_handle<handle = {channel}, type = 1>"
     if t.kind == "collective_permute":
         body.append(f'    %{tag} = "stablehlo.collective_permute"({operand}) <{{{attrs}, source_target_pairs = '
@@ -178,7 +180,7 @@ def _elements(t: Traffic, devices: int) -> int:
     return n + (-n) % size
 
 
-def traffic_type(t: Traffic, devices: int) -> str:
+def _traffic_type(t: Traffic, devices: int) -> str:
     return f"tensor<{_elements(t, devices)}x{t.dtype}>"
 
 
@@ -269,7 +271,7 @@ def lookalike_text(b: Budget, name: str = "lookalike", beside: float = 0.0) -> s
     first = [r[:2] for r in (_kernel(compute, "g", params, body), _kernel(memory, "e", params, body)) if r]
     results = list(first)
     if pieces:
-        buffers = [(f"%c{i}buf", traffic_type(t, b.devices)) for i, t in enumerate(pieces)]
+        buffers = [(f"%c{i}buf", _traffic_type(t, b.devices)) for i, t in enumerate(pieces)]
         params += [f"{v}: {ty}" for v, ty in buffers]
         operands = [v for v, _ in buffers]
         if first:                   # the collectives wait for the first part: its result joins their buffers

@@ -166,6 +166,16 @@ def forward_fn(model: LayeredModel, scan: bool, remat: str = "none") -> Callable
     return forward
 
 
+def _microbatches(a, count: int):
+    """``a`` cut along its leading (batch) axis into ``count`` microbatches: ``[count, batch / count, …]``."""
+    return a.reshape(count, a.shape[0] // count, *a.shape[1:])
+
+
+def _pick(a, i):
+    """Item ``i`` (traced) of ``a``'s leading axis."""
+    return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+
 def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, scan: bool,
                         remat: str = "none", chunks: int = 1) -> Callable[..., Any]:
     """``forward(params, inputs, col, targets=None)`` of a pipeline over the mesh axis ``pp`` (inside
@@ -193,12 +203,6 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
     to_next = [(i, (i + 1) % stages) for i in range(stages)]
     laps = chunks * microbatches
 
-    def split(a):
-        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
-
-    def pick(a, i):
-        return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
-
     def ticks(params, col, stage, first_input, make_fresh=None, embedded=None, ctx=None):
         """The pipeline's ticks on ``stage``; the last stage's outputs of the last lap, one per microbatch.
         GPipe embeds microbatch ``i`` on the tick it enters (``make_fresh(i)``: it and its context);
@@ -221,10 +225,10 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
             came = t - stages
             keep = (stage == 0) & (came >= 0) & (came < laps - microbatches)
             slot = jnp.clip(came, 0, laps - 1) % microbatches
-            back = jax.lax.dynamic_update_index_in_dim(back, jnp.where(keep, held, pick(back, slot)), slot, 0)
+            back = jax.lax.dynamic_update_index_in_dim(back, jnp.where(keep, held, _pick(back, slot)), slot, 0)
             position = jnp.clip(t - stage, 0, laps - 1)       # this stage's place in its stream
             lap, mb = position // microbatches, position % microbatches
-            x = jnp.where(stage == 0, pick(back, mb), held)
+            x = jnp.where(stage == 0, _pick(back, mb), held)
             h = run_layers(model, stack, x, ctx, col, scan=scan, remat=remat, window=(lap * per_chunk, per_chunk))
             done = jnp.clip(t - last - (chunks - 1) * microbatches, 0, microbatches - 1)
             outs = jax.lax.dynamic_update_index_in_dim(outs, h, done, 0)
@@ -241,7 +245,7 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
         stage = jax.lax.axis_index("pp")
 
         if targets is not None:
-            parts, goals = tuple(split(a) for a in inputs), split(targets)
+            parts, goals = tuple(_microbatches(a, microbatches) for a in inputs), _microbatches(targets, microbatches)
 
             def head_loss(h, ctx, goal):
                 return model.loss(model.head(top, h, ctx, col), goal, col).astype(jnp.float32)
@@ -250,26 +254,26 @@ def pipeline_forward_fn(model: LayeredModel, *, stages: int, microbatches: int, 
                 head_loss = jax.checkpoint(head_loss)
 
             def fresh(i):
-                return model.embed(top, tuple(pick(a, i) for a in parts), col)
+                return model.embed(top, tuple(_pick(a, i) for a in parts), col)
 
             if chunks == 1:
-                first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
+                first, ctx = model.embed(top, tuple(_pick(a, 0) for a in parts), col)
                 outs = ticks(params, col, stage, first, fresh)
             else:
                 x, ctx = model.embed(top, inputs, col)
-                xs = split(x)
+                xs = _microbatches(x, microbatches)
                 outs = ticks(params, col, stage, xs[0], embedded=xs, ctx=ctx)
 
             def through_head(total, i):
-                return total + head_loss(pick(outs, i), ctx, pick(goals, i)), None
+                return total + head_loss(_pick(outs, i), ctx, _pick(goals, i)), None
 
             total, _ = jax.lax.scan(through_head, jnp.zeros((), jnp.float32), jnp.arange(microbatches))
             return total / microbatches
 
         x, ctx = model.embed(top, inputs, col)
         batch = x.shape[0]
-        xs = split(x)
-        outs = (ticks(params, col, stage, xs[0], lambda i: (pick(xs, i), ctx)) if chunks == 1
+        xs = _microbatches(x, microbatches)
+        outs = (ticks(params, col, stage, xs[0], lambda i: (_pick(xs, i), ctx)) if chunks == 1
                 else ticks(params, col, stage, xs[0], embedded=xs, ctx=ctx))
         return model.head(top, outs.reshape(batch, *outs.shape[2:]), ctx, col)
 
@@ -299,12 +303,6 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
     to_next = [(i, (i + 1) % stages) for i in range(stages)]
     to_prev = [(i, (i - 1) % stages) for i in range(stages)]
 
-    def split(a):
-        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
-
-    def pick(a, i):
-        return jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
-
     def masked_add(total, part, on):
         return jax.tree.map(lambda a, g: a + jnp.where(on, g, jnp.zeros_like(g)).astype(a.dtype), total, part)
 
@@ -312,14 +310,16 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
         stage = jax.lax.axis_index("pp")
         top, top_back = jax.vjp(lambda t: col.gather(t, "top"), params["top"])
         layers = params["layers"]
-        parts, goals = tuple(split(a) for a in inputs), split(targets)
-        first, ctx = model.embed(top, tuple(pick(a, 0) for a in parts), col)
+        parts, goals = tuple(_microbatches(a, microbatches) for a in inputs), _microbatches(targets, microbatches)
+        first, ctx = model.embed(top, tuple(_pick(a, 0) for a in parts), col)
 
         def embed(t, i):
-            return model.embed(t, tuple(pick(a, i) for a in parts), col)[0]
+            return model.embed(t, tuple(_pick(a, i) for a in parts), col)[0]
+
+        block = block_fn(model, col)
 
         def layer(lp, h):
-            return model.block(col.gather(lp, "layer"), h, ctx, col)
+            return block(lp, h, ctx)
 
         def stage_forward(x):                      # the output, and each layer's input
             return jax.lax.scan(lambda h, lp: (layer(lp, h), h), x, layers)
@@ -332,7 +332,7 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
             return jax.lax.scan(back, g, (layers, kept), reverse=True)
 
         def head_loss(t, h, i):
-            return model.loss(model.head(t, h, ctx, col), pick(goals, i), col).astype(jnp.float32)
+            return model.loss(model.head(t, h, ctx, col), _pick(goals, i), col).astype(jnp.float32)
 
         def tick(carry, t, forward: bool, backward: bool):
             held, grad, kept, dlayers, dtop, loss = carry
@@ -343,7 +343,7 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
             if forward:
                 y, inputs_of = stage_forward(jnp.where(stage == 0, embed(top, f), held))
                 slot = f % slots
-                kept = jax.lax.dynamic_update_index_in_dim(kept, jnp.where(f_ok, inputs_of, pick(kept, slot)), slot, 0)
+                kept = jax.lax.dynamic_update_index_in_dim(kept, jnp.where(f_ok, inputs_of, _pick(kept, slot)), slot, 0)
                 sent = jax.lax.ppermute(y, "pp", to_next)
                 if backward:                       # the last stage: its loss and the loss's gradient, now
                     value, back = jax.vjp(lambda tt, h: head_loss(tt, h, f), top, y)
@@ -353,7 +353,7 @@ def pipeline_1f1b_fn(model: LayeredModel, *, stages: int, microbatches: int, col
                     dtop = masked_add(dtop, dtop_head, on)
             if backward:
                 g = grad if dh is None else jnp.where(stage == last, dh.astype(grad.dtype), grad)
-                dx, dl = stage_backward(pick(kept, b % slots), g)
+                dx, dl = stage_backward(_pick(kept, b % slots), g)
                 dlayers = masked_add(dlayers, dl, b_ok)
                 dtop = masked_add(dtop, jax.vjp(lambda tt: embed(tt, b), top)[1](dx)[0], (stage == 0) & b_ok)
                 returned = jax.lax.ppermute(dx, "pp", to_prev)
@@ -421,20 +421,19 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
     come back in the master type). ``grads_fn(params, inputs, targets) -> (loss, grads)``: how a training step
     gets its loss and gradients when it is not by differentiating the forward (a 1F1B pipeline's own)."""
 
-    def split(a):
-        return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
-
     accumulate = microbatches > 1 and last_stage is None
+
+    def computed(prm):                         # master weights: the copy the step computes with
+        return prm if compute_dtype is None else jax.tree.map(lambda w: w.astype(compute_dtype), prm)
 
     def infer_step(params, inputs):
         if not accumulate:
             return forward(params, inputs, col)
-        out = jax.lax.map(lambda mb: forward(params, mb, col), tuple(split(a) for a in inputs))
+        out = jax.lax.map(lambda mb: forward(params, mb, col), tuple(_microbatches(a, microbatches) for a in inputs))
         return out.reshape(-1, *out.shape[2:])
 
     def loss_fn(prm, inputs, targets):
-        if compute_dtype is not None:
-            prm = jax.tree.map(lambda w: w.astype(compute_dtype), prm)
+        prm = computed(prm)
         if last_stage is None:
             return model.loss(forward(prm, inputs, col), targets, col) * loss_scale
         loss = forward(prm, inputs, col, targets) * loss_scale        # the pipeline's own loss per tick
@@ -442,8 +441,7 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
 
     def train_step(params, opt_state, inputs, targets):
         if grads_fn is not None:
-            prm = params if compute_dtype is None else jax.tree.map(lambda w: w.astype(compute_dtype), params)
-            loss, grads = grads_fn(prm, inputs, targets)
+            loss, grads = grads_fn(computed(params), inputs, targets)
             grads = jax.tree.map(lambda g, w: g.astype(w.dtype), grads, params)
         elif accumulate:
             def add(total, batch):
@@ -451,7 +449,8 @@ def _step_fn(model: LayeredModel, forward, col: Collectives, loss_scale: float, 
                 return jax.tree.map(jnp.add, total, (loss.astype(jnp.float32), grads)), None
 
             zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-            (loss, grads), _ = jax.lax.scan(add, zero, (tuple(split(a) for a in inputs), split(targets)))
+            batches = (tuple(_microbatches(a, microbatches) for a in inputs), _microbatches(targets, microbatches))
+            (loss, grads), _ = jax.lax.scan(add, zero, batches)
         else:
             loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets)
         loss, grads = reduce(loss, grads)
