@@ -1,4 +1,5 @@
-"""Every way to lay one zoo program out on N devices, ranked: the pp × dp × fsdp × tp meshes its family accepts.
+"""Every way to lay one zoo program out on N devices, ranked: the pp × dp × fsdp × tp meshes its family accepts
+(× ep for a family with experts).
 
 A pipeline (pp > 1) runs microbatches of one sequence unless the program names its own ``microbatch``.
 
@@ -16,7 +17,7 @@ from .. import pipeline
 from ..costs import graph_cost
 from ..ingest.errors import HespasError
 from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
-from ..ingest.zoo.checks import all_meshes, format_mesh, pipeline_bubble
+from ..ingest.zoo.checks import all_meshes, format_mesh, pipeline_bubble, search_axes
 from ..ingest.zoo.specs import named_params
 from ..split.memory import memory
 from ..units import progress_bar
@@ -59,7 +60,7 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
         raise LayoutError(f"the system must have the {devices} devices the layouts span")
     peak = question.target.peak_flops(str(params.get("dtype", "f32")), "matrix")
     out: list[Layout] = []
-    candidates = all_meshes(devices)
+    candidates = all_meshes(devices, search_axes(ZOO[family]))
     sep = "&" if "?" in program else "?"
     with progress_bar(len(candidates), "layouts", "layout", progress) as bar:
         for mesh in candidates:

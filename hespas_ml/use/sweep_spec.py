@@ -15,7 +15,7 @@
       - {devices: 4, parallel: dp}
       - {devices: 8, parallel: fsdp}
       - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama, gpt)
-      - {devices: 8, mesh: auto}          # every pp × dp × fsdp × tp mesh of 8 devices (hespas-ml layouts')
+      - {devices: 8, mesh: auto}          # every pp × dp × fsdp × tp (× ep) mesh of 8 devices (as hespas-ml layouts)
     targets: [H100, A100-80GB]         # presets or target YAML files
     costs: {H100: 2.5}                 # optional: $ per device-hour, per target
     fidelities: [default]              # default: surrogate:roofline once available, else roofline
@@ -199,13 +199,14 @@ def load_sweep_spec(path: str | Path) -> SweepSpec:
     return _Loader(p, data).load()
 
 
-def auto_plans(devices: int) -> list[dict[str, Any]]:
-    """``mesh: auto``: a plan per pp × dp × fsdp × tp mesh of ``devices`` (as ``hespas-ml layouts`` lays them out);
-    a pipeline runs microbatches of one sequence unless the workload names its own ``microbatch``."""
-    from ..ingest.zoo.checks import all_meshes, format_mesh
+def auto_plans(devices: int, entry: Any) -> list[dict[str, Any]]:
+    """``mesh: auto``: a plan per mesh of ``devices`` that a layout search over the zoo family ``entry``
+    enumerates (pp × dp × fsdp × tp, × ep with experts; as ``hespas-ml layouts`` lays them out); a pipeline
+    runs microbatches of one sequence unless the workload names its own ``microbatch``."""
+    from ..ingest.zoo.checks import all_meshes, format_mesh, search_axes
 
     return [{"devices": devices, "mesh": format_mesh(m), **({"microbatch": 1} if m["pp"] > 1 else {})}
-            for m in all_meshes(devices)]
+            for m in all_meshes(devices, search_axes(entry))]
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -352,9 +353,6 @@ class _Loader:
                 raise self.fail(f"{where}[{j}]: devices must be a positive integer, got {devices!r}")
             if "parallel" in plan and "mesh" in plan:
                 raise self.fail(f"{where}[{j}]: give parallel or mesh, not both")
-            if plan.get("mesh") == "auto":
-                plans.extend(auto_plans(devices))
-                continue
             plans.append({k: plan[k] for k in PLAN_KEYS if k in plan})
         return plans
 
@@ -378,6 +376,8 @@ class _Loader:
                 raise self.fail(f"{where}: {family} has no parameter '{name}' (parameters: {names})")
         if "parallelism" in w:
             plans = self.plans(w["parallelism"], f"{where}.parallelism")
+        plans = [q for plan in plans
+                 for q in (auto_plans(plan["devices"], entry) if plan.get("mesh") == "auto" else [plan])]
         takes = [k for k in ("devices", "parallel") if entry.param(k) is not None]
         if not takes or any(k in params for k in PLAN_KEYS):
             plans = [{}]

@@ -1,5 +1,5 @@
-"""Layouts: every pp x dp x fsdp x tp mesh of a zoo program on N devices, ranked; impossible and too-big ones
-said."""
+"""Layouts: every pp x dp x fsdp x tp mesh (x ep with experts) of a zoo program on N devices, ranked; impossible
+and too-big ones said."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import pytest
 from hespas_ml import simulate
 from hespas_ml.cli.main import main
 from hespas_ml.pipeline import Question
-from hespas_ml.ingest.zoo.checks import all_meshes
+from hespas_ml.ingest.zoo import ZOO
+from hespas_ml.ingest.zoo.checks import all_meshes, search_axes
 from hespas_ml.use.layouts import rank_layouts
 from tests.conftest import readme_command
 
@@ -24,6 +25,23 @@ def test_meshes_are_every_factorisation():
         (1, 4, 1, 1), (1, 2, 2, 1), (1, 1, 4, 1), (1, 2, 1, 2), (1, 1, 2, 2), (1, 1, 1, 4),
         (2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 1, 2), (4, 1, 1, 1)]
     assert all(m["pp"] * m["dp"] * m["fsdp"] * m["tp"] == 12 for m in all_meshes(12)) and len(all_meshes(12)) == 40
+    assert search_axes(ZOO["llama"]) == ("pp", "dp", "fsdp", "tp") and "ep" in search_axes(ZOO["moe"])
+    with_ep = all_meshes(4, search_axes(ZOO["moe"]))
+    assert len(with_ep) == 15 and len({tuple(m.items()) for m in with_ep}) == 15     # 4 = 2 x 2 over 5 axes
+    assert all(list(m) == ["pp", "dp", "fsdp", "ep", "tp"] and m["pp"] * m["dp"] * m["fsdp"] * m["ep"] * m["tp"] == 4
+               for m in with_ep)
+    assert [{a: s for a, s in m.items() if a != "ep"} for m in with_ep if m["ep"] == 1] == all_meshes(4)
+
+
+def test_a_model_with_experts_is_laid_out_over_ep_too():
+    moe = "zoo:moe?layers=2&d_model=64&heads=4&experts=4&vocab=256&seq=16&batch=8&step=train"
+    ranked = rank_layouts(moe, 4, Question.resolve(None, "H100", "switch:4x450"))
+    by_mesh = {lay.mesh: lay for lay in ranked}
+    assert len(ranked) == 15 and {"ep:4", "dp:2,ep:2", "ep:2,tp:2", "pp:2,ep:2"} <= set(by_mesh)
+    assert by_mesh["pp:4"].status == "invalid" and all(by_mesh[m].status == "ok" for m in ("ep:4", "dp:2,ep:2"))
+    res = simulate(by_mesh["ep:4"].program, target="H100", system="switch:4x450")
+    assert res.step_time_s == by_mesh["ep:4"].step_time_s
+    assert res.step_time_s == simulate(moe + "&devices=4&parallel=ep", target="H100", system="switch:4x450").step_time_s
 
 
 def test_layouts_are_ranked_by_step_time_as_simulate_times_them():

@@ -93,21 +93,35 @@ def format_mesh(mesh: dict[str, int]) -> str:
     return ",".join(f"{a}:{mesh[a]}" for a in MESH_AXES if mesh.get(a, 1) > 1) or "dp:1"
 
 
-def all_meshes(devices: int) -> list[dict[str, int]]:
-    """Every (pp, dp, fsdp, tp) whose product is ``devices``, tp innermost, in a fixed order (without a
-    pipeline first). Context parallelism is left out of the enumeration (cp 1): it pays off only for
-    sequences long enough to need it, which a layout search over one program does not choose."""
+SEARCH_AXES = ("pp", "dp", "fsdp", "tp")
+"""The axes a layout search enumerates; a family with experts adds ``ep``. Context parallelism is left out
+(cp 1): it pays off only for sequences long enough to need it, which a layout search over one program does
+not choose."""
+
+
+def search_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes a layout search over the zoo family ``entry`` enumerates: :data:`SEARCH_AXES`, and ``ep``
+    for a family with experts."""
+    return SEARCH_AXES + (("ep",) if entry.param("experts") is not None else ())
+
+
+def all_meshes(devices: int, axes: tuple[str, ...] = SEARCH_AXES) -> list[dict[str, int]]:
+    """Every mesh over ``axes`` (they include dp) whose product is ``devices``, as ``{axis: size}`` in the
+    order of :data:`MESH_AXES`, in a fixed order: pp slowest (meshes without a pipeline first), then tp, ep
+    and fsdp; dp takes what they leave."""
+    chosen = [a for a in ("pp", "tp", "ep", "fsdp") if a in axes]
     out = []
-    for pp in range(1, devices + 1):
-        if devices % pp:
-            continue
-        rest = devices // pp
-        for tp in range(1, rest + 1):
-            if rest % tp:
-                continue
-            for fsdp in range(1, rest // tp + 1):
-                if (rest // tp) % fsdp == 0:
-                    out.append({"pp": pp, "dp": rest // tp // fsdp, "fsdp": fsdp, "tp": tp})
+
+    def walk(i: int, rest: int, sizes: dict[str, int]) -> None:
+        if i == len(chosen):
+            mesh = sizes | {"dp": rest}
+            out.append({a: mesh[a] for a in MESH_AXES if a in mesh})
+            return
+        for size in range(1, rest + 1):
+            if rest % size == 0:
+                walk(i + 1, rest // size, sizes | {chosen[i]: size})
+
+    walk(0, devices, {})
     return out
 
 
