@@ -26,7 +26,7 @@ bench: setup
 	$(PY) eval/bench_pipeline.py
 
 readme-figures: setup
-	$(PY) eval/readme_figures.py
+	$(PY) eval/readme_figures.py --all
 
 clean:
 	rm -rf out .pytest_cache

@@ -56,6 +56,24 @@ def test_the_readme_shows_what_make_demo_prints():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_a_figure_that_drifts_is_caught_and_rewritten(tmp_path):
+    """A README whose demo block no longer shows what the demo prints fails the check, naming the figure;
+    rewriting puts the demo's own lines back."""
+    import subprocess
+    import sys
+
+    readme = tmp_path / "README.md"
+    text = (PROJECT_ROOT / "README.md").read_text()
+    shown = re.search(r"step time +(\S+ \S+)", text)
+    assert shown and "<!-- figure:demo -->" in text
+    readme.write_text(text.replace(shown.group(0), "step time     1.0 s", 1))
+    script = [sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--only", "demo", "--readme", str(readme)]
+    done = subprocess.run([*script, "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert done.returncode == 1 and "figure demo reads" in done.stdout and "step time 1.0 s" in done.stdout
+    assert subprocess.run(script, capture_output=True, text=True, cwd=PROJECT_ROOT).returncode == 0
+    assert readme.read_text() == text
+
+
 def test_the_readme_python_blocks_run_as_written(capsys):
     text = (PROJECT_ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
