@@ -1,7 +1,8 @@
 """Does training on synthetic regions make a surrogate better on families it never saw? (issue 29, point 3)
 
-    python eval/eval_synthetic_training.py --fidelity profiling --target host-cpu [--seeds 0 1 2]
+    python eval/eval_synthetic_training.py --fidelity roofline|scalesim|profiling --target T [--seeds 0 1 2]
         [--corpus 1200] [--test 600] [--synthetic 600] [--epochs 40] [--work out/eval/synthetic]
+        [--table eval/results/synthetic_training.csv]
 
 The corpus and the left-out families are the committed device plan's regions (``eval/device/plans/h100``:
 region graphs and standalone modules of the corpus families and of MobileNet, ConvNeXt, EfficientNet and
@@ -9,13 +10,13 @@ Swin, which none of the shipped surrogates learned). ``--corpus`` regions of the
 ``--test`` of the left-out ones are drawn once (seed 0). Two generators are fitted on the corpus regions'
 graphs: the layerwise one (``hespas_ml.learn.layer_dag``) and the random baseline; each draws graphs
 (``hespas-ml generate regions``, kept in ``--work``) until ``--synthetic`` new regions are found. Every region
-is labelled with ``--fidelity`` on ``--target`` (profiling: timed here, through the profiling cache, so a
-second run does not time again). Then for every seed the fidelity's surrogate is trained on (a) the corpus,
+is labelled with ``--fidelity`` on ``--target`` (roofline, scalesim: from the region's graph; profiling: timed
+here, through the profiling cache, so a second run does not time again). Then for every seed the fidelity's surrogate is trained on (a) the corpus,
 (b) the corpus and the layerwise generator's regions, (c) the corpus and the random generator's regions
 (the same count), with the same validation share of the corpus, and scored on the left-out families:
 median and p90 APE and the interval coverage. Each training is an MLflow run of the experiment
 ``synthetic-regions``; the table prints each variant's mean and spread (standard deviation) over the seeds,
-and ``--work``/results.csv keeps every run.
+and ``--work``/results.csv keeps every run (``--table`` merges them into a CSV that keeps every fidelity's).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hespas_ml.fidelities import get_fidelity  # noqa: E402
 from hespas_ml.host import machine_name  # noqa: E402
 from hespas_ml.ingest.graph import program_users  # noqa: E402
 from hespas_ml.ingest.stablehlo import parse_file  # noqa: E402
@@ -39,7 +41,6 @@ from hespas_ml.label.dataset_tables import FORMAT_VERSION, Dataset, load_dataset
 from hespas_ml.label.device_run import read_jsonl_gz  # noqa: E402
 from hespas_ml.label.profiling import ProfilingFidelity, extract_region_modules  # noqa: E402
 from hespas_ml.label.region_records import region_features, region_from_record, region_record  # noqa: E402
-from hespas_ml.label.roofline import RooflineFidelity  # noqa: E402
 from hespas_ml.label.targets import load_target  # noqa: E402
 from hespas_ml.learn.config import TrainConfig  # noqa: E402
 from hespas_ml.learn.evaluate import report  # noqa: E402
@@ -89,11 +90,13 @@ def label_all(fidelity: str, target, items: list[tuple[str, dict, str | None]], 
     """``hash -> label row`` of every item."""
     out: dict[str, dict] = {}
     t0 = time.time()
-    if fidelity == "roofline":
-        fid = RooflineFidelity()
-        for h, rec, _ in items:
-            lab = fid.label(region_from_record(rec), target)
-            out[h] = _row(h, target.name, fidelity, lab)
+    if fidelity != "profiling":                  # labelled from the region graph itself
+        fid = get_fidelity(fidelity)
+        for done, (h, rec, _) in enumerate(items, start=1):
+            out[h] = _row(h, target.name, fidelity, fid.label(region_from_record(rec), target))
+            if done % 200 == 0 or done == len(items):
+                left = (time.time() - t0) / done * (len(items) - done)
+                print(f"  labelled {done}/{len(items)} ({time.time() - t0:.0f} s, about {left:.0f} s left)", flush=True)
         return out
     with ProfilingFidelity(measure_s=measure_s) as fid:
         todo = [(h, text) for h, _, text in items if text]
@@ -129,7 +132,7 @@ def dataset(work: Path, name: str, regions: list[dict], labels: list[dict], grap
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fidelity", choices=("roofline", "profiling"), default="profiling")
+    ap.add_argument("--fidelity", choices=("roofline", "scalesim", "profiling"), default="profiling")
     ap.add_argument("--target", default="host-cpu")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--corpus", type=int, default=1200)
@@ -140,6 +143,8 @@ def main() -> int:
     ap.add_argument("--measure-s", type=float, default=0.2)
     ap.add_argument("--work", default="out/eval/synthetic")
     ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--table", type=Path, help="merge every run into this CSV (replacing the rows of the same "
+                                              "fidelity and target), e.g. eval/results/synthetic_training.csv")
     args = ap.parse_args()
     work = Path(args.work) / f"{args.fidelity}-{args.target}"
     work.mkdir(parents=True, exist_ok=True)
@@ -202,7 +207,8 @@ def main() -> int:
             fit_s = time.time() - t0
             rows_te, pred = sur.predict_rows(ds, te)
             rep = report(rows_te, pred.seconds, pred.lower, pred.upper)
-            row = {"fidelity": args.fidelity, "target": target.name, "variant": name, "seed": seed,
+            row = {"fidelity": args.fidelity, "target": target.name, "machine": machine_name(), "variant": name,
+                   "seed": seed, "corpus_regions": len(corpus), "synthetic_regions": count,
                    "train_regions": len(set(ds.labels.iloc[tr]["hash"])), "test_rows": len(rows_te),
                    "median_ape": rep["median_ape"], "p90_ape": rep["p90_ape"], "coverage": rep.get("coverage"),
                    "fit_s": fit_s, "epochs": sur.metrics["epochs_run"]}
@@ -221,12 +227,19 @@ def main() -> int:
         w.writeheader()
         w.writerows(results)
     frame = pd.DataFrame(results)
+    if args.table:
+        kept = pd.read_csv(args.table) if args.table.is_file() else pd.DataFrame()
+        if len(kept):
+            kept = kept[~((kept["fidelity"] == args.fidelity) & (kept["target"] == target.name))]
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        pd.concat([kept, frame], ignore_index=True).to_csv(args.table, index=False)
     print(f"\n{args.fidelity} on {target.name}: left-out families ({', '.join(sorted(HELD_OUT))}), "
-          f"{len(args.seeds)} seeds, {count} synthetic regions per variant; mean ± standard deviation")
+          f"{len(args.seeds)} seeds, {count} synthetic regions per variant; mean ± standard deviation, in %")
     print(f"{'variant':<18} {'median APE':>16} {'p90 APE':>16} {'coverage':>16}")
     for name in VARIANTS:
         part = frame[frame["variant"] == name]
-        cells = [f"{part[c].mean():.3f} ± {part[c].std(ddof=0):.3f}" for c in ("median_ape", "p90_ape", "coverage")]
+        cells = [f"{100 * part[c].mean():.3g} ± {100 * part[c].std(ddof=0):.2g} %"
+                 for c in ("median_ape", "p90_ape", "coverage")]
         print(f"{name:<18} " + " ".join(f"{c:>16}" for c in cells))
     print(f"(every run: {work / 'results.csv'}; MLflow experiment synthetic-regions)")
     return 0
