@@ -8,7 +8,8 @@ Each figure sits in the README between ``<!-- figure:NAME -->`` and ``<!-- /figu
 invisible once rendered) and is written by one source below: the ``make demo`` output block, the op-by-op
 against fusion-aware roofline table of the ResNet-50 program in ../shared, the MaxText LLaMA step on four
 GPUs against its published step times (``eval/eval_gpu_steps.py``), the steps timed on the lent H100
-(``eval/eval_device_steps.py``), and with ``--all`` the published training runs
+(``eval/eval_device_steps.py``), the synthetic-regions experiment's table (``eval/results/``), and with
+``--all`` the published training runs
 (``eval/eval_published_runs.py``) and the memory model against XLA and published runs
 (``eval/eval_memory.py``). All of them come from the roofline, XLA:CPU's buffer assignment and committed
 measurements, which give the same figures on every machine. A source whose reference material is absent
@@ -124,6 +125,23 @@ def device_steps() -> dict[str, str]:
             f"{percents([r['sources']['measured']['error'] for r in spread])}"}
 
 
+def synthetic_training() -> dict[str, str]:
+    """Issue 29's experiment (``eval/results/synthetic_training.csv``): each fidelity's surrogate's median
+    APE on the left-out families, trained on the corpus alone / with the layerwise generator's regions / with
+    the random baseline's, mean ± standard deviation over the seeds."""
+    import pandas as pd
+
+    runs = pd.read_csv(ROOT / "eval" / "results" / "synthetic_training.csv")
+    names = {"profiling": "profiling", "scalesim": "SCALE-Sim", "roofline": "roofline"}
+    parts = []
+    for (fidelity, target), rows in runs.groupby(["fidelity", "target"], sort=False):
+        ape = [rows[rows["variant"] == v]["median_ape"] for v in ("corpus", "corpus+layerdag", "corpus+random")]
+        parts.append(f"{names.get(fidelity, fidelity)} on {target} ({rows['corpus_regions'].iloc[0]:,} corpus "
+                     f"regions, {rows['seed'].nunique()} seeds) " +
+                     " / ".join(f"{100 * a.mean():.3g} ± {100 * a.std(ddof=0):.2g}" for a in ape) + " %")
+    return {"synthetic-training": ", ".join(parts)}
+
+
 def published_runs() -> dict[str, str]:
     """The published training runs (``eval/measured/published_runs.csv``) against the roofline, by group."""
     got = run_json("eval_published_runs.py")
@@ -152,6 +170,7 @@ SOURCES: list[tuple[Callable[[], dict[str, str]], bool, Path | None]] = [
     (roofline_table, False, RESNET),
     (gpu_steps, False, SHARED / "mlir"),
     (device_steps, False, None),
+    (synthetic_training, False, None),
     (published_runs, True, None),
     (memory, True, None),
 ]
