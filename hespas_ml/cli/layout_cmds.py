@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="also write DIR/layouts.json (the --json object) and DIR/layouts.png (the "
+                                 "ranking drawn: step time, exposed communication, bubble, memory)")
     p.set_defaults(func=cmd_layouts)
 
 
@@ -31,10 +33,21 @@ def cmd_layouts(args) -> int:
         raise LayoutError(f"--devices must be at least 1, got {args.devices}")
     question = Question.resolve(None, args.target, args.system, fidelity=args.fidelity, replay=args.replay)
     ranked = rank_layouts(args.program, args.devices, question, progress=not args.json and sys.stderr.isatty())
+    report = {"program": args.program, "devices": args.devices, "target": question.target.name,
+              "system": question.system.source, "fidelity": question.fidelity.name,
+              "layouts": [lay.to_dict() for lay in ranked]}
+    if args.out:
+        from pathlib import Path
+
+        from ..use.layouts import plot_layouts
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "layouts.json").write_text(json.dumps(report, indent=1))
+        plot_layouts(out / "layouts.png", ranked, f"{args.program} on {args.devices} x {question.target.name}, "
+                     f"{question.system.source}, {question.fidelity.name}", question.target.mem_capacity)
     if args.json:
-        print(json.dumps({"program": args.program, "devices": args.devices, "target": question.target.name,
-                          "system": question.system.source, "fidelity": question.fidelity.name,
-                          "layouts": [lay.to_dict() for lay in ranked]}, indent=1))
+        print(json.dumps(report, indent=1))
         return 0
     w = sys.stdout.write
     w(f"{args.program} on {args.devices} x {question.target.name}, {question.system.source}, "
@@ -49,4 +62,6 @@ def cmd_layouts(args) -> int:
         else:
             w(f"  {'-':>4}  {lay.mesh:<20} {lay.status:>10}  {'':>12}  {mem:>10}  {'':>6}  {bubble}  "
               f"{lay.reason[:90]}\n")
+    if args.out:
+        w(f"\nlayouts.json and layouts.png written to {args.out}\n")
     return 0

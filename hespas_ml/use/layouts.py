@@ -6,11 +6,14 @@ A pipeline (pp > 1) runs microbatches of one sequence unless the program names i
 Each mesh is checked by the family's own rules (an impossible one says why), then ingested and split; a
 layout whose per-device memory does not fit the target is reported without being timed; the rest are
 labelled and replayed with the pipeline's stages on one system, and ranked by step time.
+:func:`plot_layouts` draws the ranking: each layout's step time (the exposed communication apart, the pipeline
+bubble written beside it) and its peak memory per device against the target's.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import pipeline
@@ -20,7 +23,7 @@ from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
 from ..ingest.zoo.checks import all_meshes, format_mesh, pipeline_bubble, search_axes
 from ..ingest.zoo.specs import named_params
 from ..split.memory import memory
-from ..units import progress_bar
+from ..units import format_bytes, progress_bar
 
 class LayoutError(HespasError):
     pass
@@ -97,4 +100,62 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
                   util, bubble)
 
 
-__all__ = ["Layout", "LayoutError", "rank_layouts"]
+MAX_PLOTTED = 40
+
+
+def plot_layouts(path: str | Path, layouts: list[Layout], title: str, memory_bytes: float) -> Path:
+    """A PNG of ranked ``layouts``: the timed ones best first (at most :data:`MAX_PLOTTED`), then those that
+    do not fit; left, the step time split into what is not exposed communication and what is, with the
+    bubble beside a pipeline's bar; right, the peak memory per device against ``memory_bytes``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ok = [lay for lay in layouts if lay.status == "ok"]
+    big = [lay for lay in layouts if lay.status == "too-big"]
+    shown = (ok + big)[:MAX_PLOTTED]
+    rows = list(range(len(shown)))[::-1]
+    fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(12, 1.4 + 0.28 * max(len(shown), 1)),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    scale = 1e3 if ok and max(lay.step_time_s for lay in ok) < 1 else 1.0
+    unit = "ms" if scale == 1e3 else "s"
+    for y, lay in zip(rows, shown):
+        if lay.status == "ok":
+            hidden = (lay.step_time_s - lay.exposed_comm_s) * scale
+            left.barh(y, hidden, color="#4C72B0")
+            left.barh(y, lay.exposed_comm_s * scale, left=hidden, color="#DD8452")
+            if lay.bubble:
+                left.text(lay.step_time_s * scale, y, f"  bubble {lay.bubble:.0%}", va="center", fontsize=7)
+        else:
+            left.text(0, y, "  does not fit: not timed", va="center", fontsize=7, color="#C44E52")
+    most = max([lay.peak_memory_bytes for lay in shown] + [1])
+    mem_scale, mem_unit = (2**30, "GiB") if most >= 2**30 else (2**20, "MiB")
+    for y, lay in zip(rows, shown):
+        right.barh(y, lay.peak_memory_bytes / mem_scale, color="#55A868" if lay.status == "ok" else "#C44E52")
+    capacity = memory_bytes / mem_scale
+    if memory_bytes <= 3 * most:
+        right.axvline(capacity, color="black", linestyle="--", linewidth=1)
+        right.set_xlabel(f"peak memory per device ({mem_unit}); dashed: {format_bytes(memory_bytes)}")
+    else:
+        right.set_xlabel(f"peak memory per device ({mem_unit}); the target has {format_bytes(memory_bytes)}")
+    left.set_yticks(rows, [lay.mesh for lay in shown], fontsize=8)
+    left.set_xlabel(f"step time ({unit})")
+    left.legend(handles=[Patch(color="#4C72B0", label="compute and hidden communication"),
+                         Patch(color="#DD8452", label="exposed communication"),
+                         Patch(color="#55A868", label="memory: fits"), Patch(color="#C44E52", label="does not fit")],
+                fontsize=7, loc="upper center", bbox_to_anchor=(0.8, -0.6 / max(len(shown), 1) - 0.06), ncol=4,
+                frameon=False)
+    impossible = sum(lay.status == "invalid" for lay in layouts)
+    beyond = len(ok) + len(big) - len(shown)
+    left_out = ([f"{impossible} impossible"] if impossible else []) + ([f"{beyond} beyond the first {MAX_PLOTTED}"]
+                                                                       if beyond else [])
+    fig.suptitle(title + (f"\n(not drawn: {', '.join(left_out)})" if left_out else ""), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["Layout", "LayoutError", "MAX_PLOTTED", "plot_layouts", "rank_layouts"]

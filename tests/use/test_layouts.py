@@ -12,7 +12,7 @@ from hespas_ml.pipeline import Question
 from hespas_ml.ingest.zoo import ZOO
 from hespas_ml.ingest.zoo.checks import all_meshes, search_axes
 from hespas_ml.use.layouts import rank_layouts
-from tests.conftest import readme_command
+from tests.conftest import PROJECT_ROOT, readme_command
 
 pytestmark = pytest.mark.slow   # exports programs
 
@@ -71,6 +71,30 @@ def test_a_layout_that_does_not_fit_is_not_timed():
     assert by_mesh["dp:8"].peak_memory_bytes > 16 * 2**30 and by_mesh["dp:8"].step_time_s != by_mesh["dp:8"].step_time_s
     assert by_mesh["fsdp:8"].status == "ok" and by_mesh["fsdp:8"].peak_memory_bytes < 16 * 2**30
     assert ranked[0].status == "ok"
+
+
+def test_layouts_out_writes_the_ranking_and_its_picture(tmp_path, capsys):
+    """--out keeps the --json object and draws it; on a card of 4.5 MiB some layouts do not fit and are drawn
+    (memory, not time) after the timed ones."""
+    import yaml
+    from matplotlib.image import imread
+
+    small = yaml.safe_load((PROJECT_ROOT / "hespas_ml" / "label" / "targets" / "H100.yaml").read_text())
+    small.update(name="tiny", aliases=[], mem_capacity=int(4.5 * 2**20))
+    target = tmp_path / "tiny.yaml"
+    target.write_text(yaml.safe_dump(small))
+    argv = ["layouts", LLAMA, "--devices", "8", "--system", SYSTEM, "--target", str(target)]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    assert "layouts.png written" in capsys.readouterr().out
+    kept = json.loads((tmp_path / "out" / "layouts.json").read_text())
+    assert kept == printed
+    statuses = {lay["status"] for lay in kept["layouts"]}
+    assert statuses == {"ok", "too-big", "invalid"}
+    picture = imread(tmp_path / "out" / "layouts.png")
+    rows = sum(lay["status"] != "invalid" for lay in kept["layouts"])
+    assert picture.shape[0] > 110 * (1.4 + 0.28 * rows) * 0.9 and picture.shape[1] > 1000
 
 
 @pytest.mark.parametrize("argv, expected", [
