@@ -150,8 +150,16 @@ def published_runs() -> dict[str, str]:
     groups = [("the six Megatron runs", "Megatron-LM SC21"), ("the GPT-3 ones", "GPT-3"), ("the Llama ones", "Llama")]
     parts = [f"{percents([e for n, e in errors.items() if key in n])} off {what}" for what, key in groups]
     median = statistics.median(abs(e) for e in errors.values())
+    timed = [r["predicted"]["as listed"] for r in got if "relative_error" in r["predicted"]["as listed"]]
+    fit = [p["peak_memory_bytes"] / 2**30 for p in timed if p["fits"]]
+    big = [p["peak_memory_bytes"] / 2**30 for p in timed if not p["fits"]]
+    memory = (f"{len(fit)} of the {len(timed)} runs fit their GPUs in their own layouts "
+              f"({min(fit):.0f}-{max(fit):.0f} GiB per device)" if fit else "no run fits its GPUs in its own layout")
+    if big:
+        memory += f"; the other {len(big)} need {min(big):.0f}-{max(big):.0f} GiB"
     return {"published-runs": f"the roofline is {parts[0]}, {parts[1]} and {parts[2]} (median |error| "
-                              f"{100 * median:.1f} % over the {len(errors)} runs"}
+                              f"{100 * median:.1f} % over the {len(errors)} runs",
+            "published-runs-memory": memory}
 
 
 def memory() -> dict[str, str]:
