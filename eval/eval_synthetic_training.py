@@ -11,12 +11,13 @@ Swin, which none of the shipped surrogates learned). ``--corpus`` regions of the
 graphs: the layerwise one (``hespas_ml.learn.layer_dag``) and the random baseline; each draws graphs
 (``hespas-ml generate regions``, kept in ``--work``) until ``--synthetic`` new regions are found. Every region
 is labelled with ``--fidelity`` on ``--target`` (roofline, scalesim: from the region's graph; profiling: timed
-here, through the profiling cache, so a second run does not time again). Then for every seed the fidelity's surrogate is trained on (a) the corpus,
-(b) the corpus and the layerwise generator's regions, (c) the corpus and the random generator's regions
-(the same count), with the same validation share of the corpus, and scored on the left-out families:
-median and p90 APE and the interval coverage. Each training is an MLflow run of the experiment
-``synthetic-regions``; the table prints each variant's mean and spread (standard deviation) over the seeds,
-and ``--work``/results.csv keeps every run (``--table`` merges them into a CSV that keeps every fidelity's).
+here, through the profiling cache, so a second run does not time again). Then for every seed the fidelity's
+surrogate is trained on (a) the corpus, (b) the corpus and the layerwise generator's regions, (c) the corpus
+and the random generator's regions (the same count), with the same validation share of the corpus, and
+scored on the left-out families: median and p90 APE and the interval coverage. Each training is an MLflow
+run of the experiment ``synthetic-regions``; the table prints each variant's mean and spread (standard
+deviation) over the seeds, and ``--work``/results.csv keeps every run (``--table`` merges them into a CSV
+that keeps every fidelity's).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``layouts``: every pp × dp × fsdp × tp (× ep with experts) layout of a zoo program on N devices, timed and ranked."""
+"""``layouts``: every pp × dp × fsdp × tp (× ep with experts) layout of a zoo program on N devices, timed and
+ranked."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,11 @@ from ..units import format_bytes, format_seconds
 
 
 def register(sub) -> None:
-    p = sub.add_parser("layouts", help="rank every pp x dp x fsdp x tp (x ep with experts) layout of a zoo program on N devices",
+    p = sub.add_parser("layouts", help="rank every pp x dp x fsdp x tp (x ep with experts) layout of a zoo "
+                                       "program on N devices",
                        description="Lay a zoo program out every way its family accepts on N devices (meshes "
-                                   "pp:P,dp:D,fsdp:F,tp:T, and ep:E for a family with experts), leave out those that do not fit the target's memory, time "
-                                   "the rest on one system and rank them.")
+                                   "pp:P,dp:D,fsdp:F,tp:T, and ep:E for a family with experts), leave out those "
+                                   "that do not fit the target's memory, time the rest on one system and rank them.")
     p.add_argument("program", help="a zoo spec without devices, parallel or mesh, e.g. 'zoo:llama?layers=8&batch=64'")
     p.add_argument("--devices", type=int, required=True, help="devices the layouts span")
     p.add_argument("--system", required=True, help="a system of that many NPUs (a folder or a spec such as "

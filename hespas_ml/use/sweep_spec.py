@@ -15,7 +15,7 @@
       - {devices: 4, parallel: dp}
       - {devices: 8, parallel: fsdp}
       - {devices: 8, mesh: "dp:2,tp:4"}   # several axes at once (families that take a mesh: llama, gpt)
-      - {devices: 8, mesh: auto}          # every pp × dp × fsdp × tp (× ep) mesh of 8 devices (as hespas-ml layouts)
+      - {devices: 8, mesh: auto}          # every pp × dp × fsdp × tp (× ep) mesh of 8 devices, as `layouts`
     targets: [H100, A100-80GB]         # presets or target YAML files
     costs: {H100: 2.5}                 # optional: $ per device-hour, per target
     fidelities: [default]              # default: surrogate:roofline once available, else roofline

@@ -67,7 +67,8 @@ def test_a_figure_that_drifts_is_caught_and_rewritten(tmp_path):
     shown = re.search(r"step time +(\S+ \S+)", text)
     assert shown and "<!-- figure:demo -->" in text
     readme.write_text(text.replace(shown.group(0), "step time     1.0 s", 1))
-    script = [sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--only", "demo", "--readme", str(readme)]
+    script = [sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--only", "demo",
+              "--readme", str(readme)]
     done = subprocess.run([*script, "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert done.returncode == 1 and "figure demo reads" in done.stdout and "step time 1.0 s" in done.stdout
     assert subprocess.run(script, capture_output=True, text=True, cwd=PROJECT_ROOT).returncode == 0
