@@ -64,9 +64,10 @@ def test_a_figure_that_drifts_is_caught_and_rewritten(tmp_path):
 
     readme = tmp_path / "README.md"
     text = (PROJECT_ROOT / "README.md").read_text()
-    shown = re.search(r"step time +(\S+ \S+)", text)
-    assert shown and "<!-- figure:demo -->" in text
-    readme.write_text(text.replace(shown.group(0), "step time     1.0 s", 1))
+    start = text.index("<!-- figure:demo -->")
+    shown = re.compile(r"step time +\S+ \S+").search(text, start)
+    assert shown and shown.start() < text.index("<!-- /figure -->", start)
+    readme.write_text(text[:shown.start()] + "step time     1.0 s" + text[shown.end():])
     script = [sys.executable, str(PROJECT_ROOT / "eval" / "readme_figures.py"), "--only", "demo",
               "--readme", str(readme)]
     done = subprocess.run([*script, "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT)
