@@ -30,6 +30,8 @@ from .fidelities import get_fidelity
 from .ingest import check_program, load_program
 from .ingest.errors import HespasError
 from .ingest.graph import OpGraph
+from .ingest.zoo import is_zoo_spec, parse_zoo_spec
+from .ingest.zoo.checks import pipeline_bubble
 from .label.fidelity import Fidelity, Label, label_caveats, label_in_chunks
 from .label.targets import Target, load_target
 from .replay import BACKENDS, ReplayError, ReplayResult
@@ -303,6 +305,7 @@ class SimulationResult:
     memory: dict[str, int] = field(default_factory=dict)   # per device at the peak (split.memory.Memory)
     memory_capacity_bytes: float = 0.0       # the target's device memory
     replay_engine: str = ""                  # none | fast | symmetric (ranks alike: one simulated) | full | astra-sim
+    pipeline_bubble: float = 0.0             # share of a pipelined zoo step's ticks in which a stage has no microbatch
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -331,6 +334,7 @@ class SimulationResult:
             "kernel_bytes": self.kernel_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
             "memory_capacity_bytes": self.memory_capacity_bytes, "fits": self.fits,
+            "pipeline_bubble": self.pipeline_bubble,
             "unmodelled": self.unmodelled, "warnings": self.warnings, "ranks": self.ranks,
             "top_regions": [{"id": r.id, "name": r.name, "count": r.count, "seconds": r.seconds,
                              "total_seconds": r.total_seconds, "flops": r.flops, "bytes": r.bytes,
@@ -384,11 +388,13 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     step = replay(traces, q.system, q.replay, binary=q.astra_sim_bin,
                   workdir=(out_dir / "astra-sim") if out_dir and q.system else None, record_nodes=out_dir is not None)
     timings["replay"] = time.perf_counter() - t
+    bubble = _pipeline_bubble(graph.source)
     if out_dir is not None:
         spans = step_spans(traces.point.traces, q.system, traces.point.comm_groups or None, step.node_ticks)
         write_timeline(out_dir / "timeline.png", spans,
                        f"{graph.name} on {q.system.source if q.system else 'one device'}, {q.target.name}, "
-                       f"{q.fidelity.name} ({q.split} split): step {step.step_time_s * 1e3:.3f} ms")
+                       f"{q.fidelity.name} ({q.split} split): step {step.step_time_s * 1e3:.3f} ms"
+                       + (f", pipeline bubble {bubble:.0%} of the ticks" if bubble else ""))
     timings["total"] = time.perf_counter() - t0
     totals = graph_cost(graph)
     n_comp, n_comm = traces.point.node_counts(0)
@@ -405,10 +411,20 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         warnings=list(graph.warnings), timings=timings, out_dir=str(out_dir) if out_dir else None,
         step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.distinct.values()),
         kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"),
-        memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity), replay_engine=step.engine)
+        memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity), replay_engine=step.engine,
+        pipeline_bubble=bubble)
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _pipeline_bubble(source) -> float:
+    """The pipeline bubble of a zoo program (its canonical spec, as ingested) laid out with stages
+    (:func:`pipeline_bubble`); 0 for any other program."""
+    if not isinstance(source, str) or not is_zoo_spec(source):
+        return 0.0
+    params = parse_zoo_spec(source)[1]
+    return pipeline_bubble(params) if params.get("mesh") else 0.0
 
 
 def _region_rows(rg: RegionGraph, times: RegionTimes) -> list[RegionRow]:

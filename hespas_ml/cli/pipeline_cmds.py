@@ -102,6 +102,9 @@ def cmd_simulate(args) -> int:
       f"{_si(res.kernel_bytes, 'B')} moved by the {res.split} split's kernels, {_si(res.bytes, 'B')} op by op; "
       f"per device)\n")
     w(f"exposed comm  {format_seconds(res.exposed_comm_s)}\n")
+    if res.pipeline_bubble:
+        w(f"pipeline      bubble {res.pipeline_bubble:.1%} of the ticks: a stage idles, its lock-step program "
+          "running its work on nothing (in the step time)\n")
     m = res.memory
     held = [(m[k], k.replace("_", " ")) for k in ("parameters", "optimizer_state", "batch") if k in m] \
         or [(m["arguments"], "arguments")]

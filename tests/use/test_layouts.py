@@ -44,7 +44,7 @@ def test_a_model_with_experts_is_laid_out_over_ep_too():
     assert res.step_time_s == simulate(moe + "&devices=4&parallel=ep", target="H100", system="switch:4x450").step_time_s
 
 
-def test_layouts_are_ranked_by_step_time_as_simulate_times_them():
+def test_layouts_are_ranked_by_step_time_as_simulate_times_them(capsys):
     ranked = rank_layouts(LLAMA, 8, Question.resolve(None, "H100", SYSTEM))
     ok = [lay for lay in ranked if lay.status == "ok"]
     assert len(ok) == 15 and [lay.step_time_s for lay in ok] == sorted(lay.step_time_s for lay in ok)
@@ -58,6 +58,11 @@ def test_layouts_are_ranked_by_step_time_as_simulate_times_them():
         assert (res.step_time_s, res.exposed_comm_s, res.peak_memory_bytes) == \
                (lay.step_time_s, lay.exposed_comm_s, lay.peak_memory_bytes)
         assert 0 < lay.utilisation < 1
+    piped = simulate(by_mesh["pp:2,dp:2,tp:2"].program, target="H100", system=SYSTEM)   # simulate says it too
+    assert piped.pipeline_bubble == pytest.approx(1 / 5) == piped.to_dict()["pipeline_bubble"]
+    assert simulate(by_mesh["dp:2,tp:4"].program, target="H100", system=SYSTEM).pipeline_bubble == 0
+    assert main(["simulate", by_mesh["pp:2,dp:2,tp:2"].program, "--system", SYSTEM]) == 0
+    assert "pipeline      bubble 20.0% of the ticks" in capsys.readouterr().out
     invalid = [lay for lay in ranked if lay.status == "invalid"]
     assert [(lay.mesh, lay.reason) for lay in invalid] == [("tp:8", "tp 8 does not divide heads 4")] + [
         (mesh, f"pp {mesh[3]} does not divide layers 2") for mesh in ("pp:4,dp:2", "pp:4,fsdp:2", "pp:4,tp:2", "pp:8")]
