@@ -169,13 +169,11 @@ LLAMA_70B = ("zoo:llama?layers=80&d_model=8192&heads=64&kv_heads=8&ffn=28672&voc
 
 def scale_70b() -> dict[str, str]:
     """Llama-3-70B on 16,384 H100s (the README's scale example): step time, peak memory per device, fits."""
-    done = subprocess.run([sys.executable, "-m", "hespas_ml.cli.main", "simulate", LLAMA_70B, "--system",
-                           "switch:8x450,switch:2048x50", "--json"], capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"the 70B simulation failed: {(done.stderr.strip() or 'no output').splitlines()[-1]}")
-    got = json.loads(done.stdout)
-    return {"scale-70b": f"step {got['step_time_s']:.2f} s; {got['peak_memory_bytes'] / 1e9:.1f} GB per device "
-                         f"at the peak: {'it fits' if got['fits'] else 'it does not fit'}"}
+    from hespas_ml import simulate
+
+    res = simulate(LLAMA_70B, "H100", "switch:8x450,switch:2048x50")
+    return {"scale-70b": f"step {res.step_time_s:.2f} s; {res.peak_memory_bytes / 1e9:.1f} GB per device "
+                         f"at the peak: {'it fits' if res.fits else 'it does not fit'}"}
 
 
 def memory() -> dict[str, str]:
