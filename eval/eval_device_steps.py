@@ -1,11 +1,13 @@
 """Single-device step times measured on a GPU by this project's device runs, against every way hespas-ml answers.
 
-    python eval/eval_device_steps.py [--measured datasets/measured] [--sources roofline measured …] [--json OUT]
+    python eval/eval_device_steps.py [--measured datasets/measured] [--sources roofline measured roofline@merged …] [--json OUT]
 
 Reads the ``steps.csv`` of every measured folder (``datasets/measured/*/steps.csv``, written by
 ``eval/device/collect.py``: whole programs timed on the device with the same worker as the region labels) and
 simulates each program on its target with each source, in this run: ``roofline`` (the default answer),
-``measured`` (the regions' own labels from those folders, each less its dispatch overhead), ``surrogate:…``.
+``measured`` (the regions' own labels from those folders, each less its dispatch overhead), ``surrogate:…``;
+``FIDELITY@SPLIT`` splits the program another way (``roofline@merged``: elementwise producers recomputed in
+their readers).
 A source that cannot answer a program (``measured`` without all its regions) is reported with its reason,
 never guessed. Prints per program the step time of each source and its error, then per source and phase
 (``steps``: corpus families, ``held_out``: families kept out of training) the median |error|.
@@ -52,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
                "folder": row["folder"], "measured_s": row["step_s"], "indices": row.get("indices") or "",
                "sources": {}}
         for source in args.sources:
-            options = {"folders": [args.measured]} if source == "measured" else None
+            fidelity, _, split = source.partition("@")
+            options = {"folders": [args.measured]} if fidelity == "measured" else None
             try:
-                res = simulate(row["source"], target=row["target"], fidelity=source, fidelity_options=options)
+                res = simulate(row["source"], target=row["target"], fidelity=fidelity, split=split or "fusion",
+                               fidelity_options=options)
             except HespasError as exc:
                 out["sources"][source] = {"error": str(exc).split(";")[0][:160]}
                 continue

@@ -1,27 +1,33 @@
 """Step times on real GPUs: every way hespas-ml can answer, against measured step times, in one run.
 
-    python eval/eval_gpu_steps.py [--sources roofline@fusion roofline@linear measured@hespas …]
+    python eval/eval_gpu_steps.py [--sources roofline@fusion roofline@merged roofline@linear measured@hespas …]
                                   [--measured eval/measured/gpu_steps.csv] [--json out/eval/gpu_steps.json]
+                                  [--github DIR]
 
-The measured step times (``eval/measured/gpu_steps.csv``: program under ``../shared``, ASTRA-sim system folder
-under ``../shared/hespas-configs/systems``, target, seconds, and where the figure comes from) are evaluation
-data only. A source is ``FIDELITY@SPLIT``: ``roofline@fusion`` (the default answer), ``roofline@linear``,
-``measured@hespas`` (labels measured on the GPU itself for the program's Hespas compute blocks,
-``datasets/measured/``), ``surrogate:…@fusion``. A source that cannot answer a case is reported as
-unavailable with its reason, never guessed.
+The measured step times (``eval/measured/gpu_steps.csv``: program, ASTRA-sim system folder under
+``../shared/hespas-configs/systems``, target, seconds, and where the figure comes from) are evaluation
+data only. A program is a path under ``../shared``, or ``github:OWNER/NAME@COMMIT:PATH`` for one that is
+not there (the Hespas repository's ResNet-50 training step): it is read from the clone ``DIR/OWNER+NAME``
+that ``--github DIR`` names, and reported unavailable without one. A source is ``FIDELITY@SPLIT``:
+``roofline@fusion`` (the default answer), ``roofline@merged`` (elementwise producers recomputed in their
+readers, as XLA's fusion merger does), ``roofline@linear``, ``measured@hespas`` (labels measured on the GPU
+itself for the program's Hespas compute blocks, ``datasets/measured/``), ``surrogate:…@fusion``. A source
+that cannot answer a case is reported as unavailable with its reason, never guessed.
 
-Prints per case the step time of each source and its error against the measurement, then per source the
-mean |error| and the speed-up trend error: for each pair of consecutive GPUs (in the CSV's order) the
-ratio of their step times, predicted against measured, |predicted ratio / measured ratio − 1|. The
-published measurements are rounded to 0.01 s, so a measured 0.02 s step is known to ±25 %: the CSV's note
-says so, and the figures here inherit it.
+Prints per case the step time of each source and its error against the measurement, then per source and
+program the mean |error| and the speed-up trend error: for each pair of consecutive GPUs (in the CSV's
+order) the ratio of their step times, predicted against measured, |predicted ratio / measured ratio − 1|.
+The published measurements are rounded to 0.01 s, so a measured 0.02 s step is known to ±25 %: the CSV's
+note says so, and the figures here inherit it.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +37,7 @@ from hespas_ml.ingest.errors import HespasError  # noqa: E402
 from hespas_ml.pipeline import simulate  # noqa: E402
 
 SHARED = (ROOT / ".." / "shared").resolve()
-DEFAULT_SOURCES = ("roofline@fusion", "roofline@linear", "measured@hespas")
+DEFAULT_SOURCES = ("roofline@fusion", "roofline@merged", "roofline@linear", "measured@hespas")
 
 
 def read_cases(path: Path) -> list[dict[str, str]]:
@@ -45,11 +51,40 @@ def read_cases(path: Path) -> list[dict[str, str]]:
     return rows
 
 
-def run(cases: list[dict[str, str]], sources: list[str]) -> list[dict]:
+def resolve(program: str, github: Path | None, tmp: Path) -> Path:
+    """The file of a case's program: a path under ``../shared``, or ``github:OWNER/NAME@COMMIT:PATH`` read
+    from the git repository ``github/OWNER+NAME`` (a clone or a bare mirror) at that commit."""
+    if not program.startswith("github:"):
+        return SHARED / program
+    ref, _, path = program[len("github:"):].partition(":")
+    repo, _, commit = ref.partition("@")
+    if github is None:
+        raise FileNotFoundError(f"{program}: not in ../shared; give --github DIR holding a clone of {repo} "
+                                f"as DIR/{repo.replace('/', '+')}")
+    where = github / repo.replace("/", "+")
+    git_dir = where / "repo" if (where / "repo").is_dir() else where
+    done = subprocess.run(["git", "--git-dir", str(git_dir / ".git") if (git_dir / ".git").is_dir() else str(git_dir),
+                           "show", f"{commit}:{path}"], capture_output=True)
+    if done.returncode != 0:
+        raise FileNotFoundError(f"{program}: {done.stderr.decode().strip().splitlines()[-1] if done.stderr else 'not found'}")
+    out = tmp / Path(path).name
+    out.write_bytes(done.stdout)
+    return out
+
+
+def run(cases: list[dict[str, str]], sources: list[str], github: Path | None = None) -> list[dict]:
     results = []
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-steps-"))
     for case in cases:
-        program = SHARED / case["program"]
         system = SHARED / "hespas-configs" / "systems" / case["system"]
+        try:
+            program = resolve(case["program"], github, tmp)
+        except FileNotFoundError as exc:
+            for source in sources:
+                results.append({"program": case["program"], "system": case["system"], "target": case["target"],
+                                "source": source, "measured_s": float(case["runtime_s"]),
+                                "status": "unavailable", "reason": str(exc)})
+            continue
         for source in sources:
             fidelity, _, split = source.rpartition("@")
             row = {"program": case["program"], "system": case["system"], "target": case["target"],
@@ -65,20 +100,31 @@ def run(cases: list[dict[str, str]], sources: list[str]) -> list[dict]:
     return results
 
 
-def summary(results: list[dict], sources: list[str]) -> dict[str, dict]:
-    out = {}
+def summary(results: list[dict], sources: list[str]) -> dict[str, dict[str, dict]]:
+    """Per source, per program: the mean |error| and speed-up trend error over its GPUs."""
+    out: dict[str, dict[str, dict]] = {}
     for source in sources:
-        mine = [r for r in results if r["source"] == source]
-        ok = [r for r in mine if r["status"] == "ok"]
-        entry = {"cases": len(mine), "ok": len(ok)}
-        if ok and len(ok) == len(mine):
-            entry["mean_abs_error"] = sum(abs(r["error"]) for r in ok) / len(ok)
-            trends = [abs((b["step_s"] / a["step_s"]) / (b["measured_s"] / a["measured_s"]) - 1)
-                      for a, b in zip(ok, ok[1:]) if a["program"] == b["program"]]
-            if trends:
-                entry["mean_trend_error"] = sum(trends) / len(trends)
-        out[source] = entry
+        for program in dict.fromkeys(r["program"] for r in results):
+            entry = _summary([r for r in results if r["source"] == source and r["program"] == program])
+            out.setdefault(source, {})[program] = entry
     return out
+
+
+def _summary(mine: list[dict]) -> dict:
+    ok = [r for r in mine if r["status"] == "ok"]
+    entry = {"cases": len(mine), "ok": len(ok)}
+    if ok and len(ok) == len(mine):
+        entry["mean_abs_error"] = sum(abs(r["error"]) for r in ok) / len(ok)
+        trends = [abs((b["step_s"] / a["step_s"]) / (b["measured_s"] / a["measured_s"]) - 1)
+                  for a, b in zip(ok, ok[1:])]
+        if trends:
+            entry["mean_trend_error"] = sum(trends) / len(trends)
+    return entry
+
+
+def _short(program: str) -> str:
+    """A case's program as the table names it: its path under ../shared, or the file name of one elsewhere."""
+    return Path(program.rpartition(":")[2]).name if program.startswith("github:") else program
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCES))
     ap.add_argument("--measured", type=Path, default=ROOT / "eval" / "measured" / "gpu_steps.csv")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    ap.add_argument("--github", type=Path, default=None,
+                    help="folder of git clones (OWNER+NAME) for the cases whose program is not in ../shared")
     args = ap.parse_args(argv)
     if not SHARED.is_dir():
         print(f"error: {SHARED}: the reference material beside the project is absent", file=sys.stderr)
         return 2
     cases = read_cases(args.measured)
-    results = run(cases, args.sources)
+    results = run(cases, args.sources, args.github)
     print(f"{'program':<38} {'target':<10} {'measured':>9} " + " ".join(f"{s:>22}" for s in args.sources))
     for case in cases:
         mine = {r["source"]: r for r in results if r["program"] == case["program"] and r["target"] == case["target"]}
@@ -100,17 +148,20 @@ def main(argv: list[str] | None = None) -> int:
             r = mine[s]
             cells.append(f"{r['step_s'] * 1e3:9.2f} ms {r['error']:+7.1%}" if r["status"] == "ok" else
                          f"{'unavailable':>22}")
-        print(f"{case['program']:<38} {case['target']:<10} {float(case['runtime_s']) * 1e3:6.0f} ms " + " ".join(cells))
+        print(f"{_short(case['program']):<38} {case['target']:<10} {float(case['runtime_s']) * 1e3:6.0f} ms " + " ".join(cells))
     figures = summary(results, args.sources)
-    print()
-    for source, entry in figures.items():
-        if "mean_abs_error" in entry:
-            trend = entry.get("mean_trend_error")
-            print(f"{source:<22} mean |error| {entry['mean_abs_error']:6.1%}   speed-up trend error "
-                  + (f"{trend:6.1%}" if trend is not None else "   n/a"))
-        else:
-            reasons = sorted({r["reason"] for r in results if r["source"] == source and r["status"] != "ok"})
-            print(f"{source:<22} answered {entry['ok']} of {entry['cases']}: {reasons[0] if reasons else ''}")
+    for source, programs in figures.items():
+        print()
+        for program, entry in programs.items():
+            name = f"{source:<18} {_short(program)[:40]:<40}"
+            if "mean_abs_error" in entry:
+                trend = entry.get("mean_trend_error")
+                print(f"{name} mean |error| {entry['mean_abs_error']:6.1%}   speed-up trend error "
+                      + (f"{trend:6.1%}" if trend is not None else "   n/a"))
+            else:
+                reasons = sorted({r["reason"] for r in results
+                                  if r["source"] == source and r["program"] == program and r["status"] != "ok"})
+                print(f"{name} answered {entry['ok']} of {entry['cases']}: {reasons[0] if reasons else ''}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"results": results, "summary": figures}, indent=1))

@@ -104,10 +104,10 @@ def gpu_steps() -> dict[str, str]:
     """The MaxText LLaMA-3 100M step on the Hespas 4-GPU systems: the roofline's and the Hespas authors'
     measured blocks' errors against the published step times."""
     got = run_json("eval_gpu_steps.py")
-    by = {s: [r for r in got["results"] if r["source"] == s and r["status"] == "ok"]
+    by = {s: [r for r in got["results"] if r["source"] == s and r["status"] == "ok" and "llama3" in r["program"]]
           for s in ("roofline@fusion", "measured@hespas")}
     roof, hespas = by["roofline@fusion"], by["measured@hespas"]
-    summary = got["summary"]["roofline@fusion"]
+    summary = got["summary"]["roofline@fusion"][roof[0]["program"]]
     return {"gpu-steps":
             f"the default fusion-aware roofline is {percents([r['error'] for r in roof])} off on "
             f"{' / '.join(r['target'] for r in roof)} (mean {100 * summary['mean_abs_error']:.1f} %, speed-up "

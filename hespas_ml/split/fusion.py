@@ -19,6 +19,10 @@ exports), those fusions are the kernels. Otherwise the grouping follows XLA's ma
   XLA updates the window of the sum in place (:func:`accumulated_window`);
 * collectives, custom calls, sort, scatter, select_and_scatter, other in-place updates, copies and RNG are
   kernels of their own.
+
+:func:`merge_producers` goes one step further, as XLA's fusion merger does on GPUs: an elementwise kernel
+whose results only loop or reduction kernels read is recomputed inside each of them instead of being
+written once and read by each, where that moves fewer bytes.
 """
 from __future__ import annotations
 
@@ -46,6 +50,17 @@ REDUCTION_KINDS = frozenset({"reduce", "reduce_window"})
 MATRIX_KINDS = frozenset({"dot_general", "dot", "convolution"})
 # Operand layout changes that a dot or convolution absorbs (dimension numbers, a flipped kernel).
 LAYOUT_KINDS = frozenset({"transpose", "reverse"})
+
+
+# Elementwise ops cheap enough to compute again in every kernel that reads them (XLA:GPU's rule: of the
+# transcendentals only exp, sqrt and rsqrt, and of the rest divide, are cheap, in f32, f16 and bf16).
+_CHEAP_TRANSCENDENTAL = frozenset({"exponential", "sqrt", "rsqrt"})
+_CHEAP_DTYPES = frozenset({"f32", "f16", "bf16"})
+_MERGEABLE_KINDS = frozenset({
+    "abs", "add", "and", "clamp", "compare", "convert", "divide", "maximum", "minimum", "multiply", "negate",
+    "not", "or", "select", "subtract", "xor", "sign", "floor", "ceil", "round_nearest_afz",
+    "round_nearest_even", "is_finite", "reduce_precision", "bitcast_convert", "transpose",
+}) | _CHEAP_TRANSCENDENTAL | FREE_KINDS
 
 
 def _is_zeros(graph: OpGraph, i: int) -> bool:
@@ -171,6 +186,76 @@ def _output_fusion(graph: OpGraph, users: list[list[int]], group: list[int], mem
             group[j] = g
         mem.extend(consumer)
         members[cg] = []
+
+
+def _mergeable(graph: OpGraph, kernel: list[int]) -> bool:
+    """Whether every op of ``kernel`` is elementwise (or free) and cheap to compute again."""
+    ops = graph.ops
+    for i in kernel:
+        op = ops[i]
+        if op.kind not in _MERGEABLE_KINDS:
+            return False
+        if op.kind in _CHEAP_TRANSCENDENTAL or op.kind == "divide":
+            if any(t.dtype not in _CHEAP_DTYPES for t in op.result_types):
+                return False
+    return True
+
+
+def merge_producers(graph: OpGraph, users: list[list[int]], kernels: list[list[int]],
+                    kernel_bytes) -> tuple[list[list[int]], set[int]]:
+    """Recompute elementwise kernels inside the kernels that read them (XLA's fusion merger).
+
+    A kernel of cheap elementwise ops (:func:`_mergeable`) whose results are not returned by the program and
+    are read only by loop or reduction kernels of the same loop (never by a dot, convolution, collective or
+    custom call, which cannot take producers in) is copied into each of those kernels and dropped, when
+    ``kernel_bytes`` (the boundary bytes of an op list, with a set of ops computed again elsewhere) says the
+    copies move no more bytes than the kernel and its readers did. Chains merge in turn, readers first.
+    Returns the kernels (a copied op is in every kernel that reads it, so kernels may share ops) and the ops
+    that were copied: those are never written to memory. Kernels XLA chose itself (``mhlo.fusion``) stay.
+    """
+    ops = graph.ops
+    if any(op.fusion is not None for op in ops):
+        return [list(k) for k in kernels], set()          # XLA chose these kernels itself
+    outputs = set(graph.outputs)
+    kernels = [list(k) for k in kernels]
+    holders: dict[int, set[int]] = {}
+    for ki, k in enumerate(kernels):
+        for i in k:
+            holders.setdefault(i, set()).add(ki)
+    copied: set[int] = set()
+    accepts = [all(ops[i].kind in FUSIBLE_KINDS or ops[i].kind in REDUCTION_KINDS for i in k) for k in kernels]
+    for ki in sorted(range(len(kernels)), key=lambda k: -max(kernels[k])):    # readers before their producers
+        k = kernels[ki]
+        if not k or not _mergeable(graph, k):
+            continue
+        members = set(k)
+        if any(i in outputs or not users[i] for i in members):
+            continue
+        readers: set[int] = set()
+        for i in k:
+            for u in users[i]:
+                if u not in members:
+                    readers |= holders[u]
+        readers.discard(ki)
+        loop = (ops[k[-1]].loop, ops[k[-1]].count)
+        if not readers or not all(accepts[r] and kernels[r] for r in readers):
+            continue
+        if any((ops[kernels[r][-1]].loop, ops[kernels[r][-1]].count) != loop for r in readers):
+            continue
+        before = kernel_bytes(k, copied) + sum(kernel_bytes(kernels[r], copied) for r in readers)
+        merged = {r: sorted(set(kernels[r]) | members) for r in readers}
+        after = sum(kernel_bytes(m, copied | members) for m in merged.values())
+        if after > before:
+            continue
+        for r, m in merged.items():
+            kernels[r] = m
+            for i in k:
+                holders[i].add(r)
+        for i in k:
+            holders[i].discard(ki)
+        copied |= members
+        kernels[ki] = []
+    return sorted((k for k in kernels if k), key=lambda m: m[-1]), copied
 
 
 def _xla_fusions(graph: OpGraph, users: list[list[int]]) -> list[list[int]]:

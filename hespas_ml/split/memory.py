@@ -48,9 +48,13 @@ def memory(rg: RegionGraph) -> Memory:
     """The per-device :class:`Memory` of ``rg`` at its peak."""
     graph = rg.graph
     region_of: dict[int, int] = {}
+    copies: dict[int, list[int]] = {}          # recomputed op -> every region that computes it
     for position, region in enumerate(rg.regions):
         for op in region.op_ids:
-            region_of[op] = position
+            if op in region.recomputed:
+                copies.setdefault(op, []).append(position)
+            else:
+                region_of[op] = position
     users = graph.users()
     returned = set(graph.outputs)
     end = len(rg.regions)
@@ -59,7 +63,9 @@ def memory(rg: RegionGraph) -> Memory:
     freed = [[0, 0, 0] for _ in range(end + 1)]
     for position, region in enumerate(rg.regions):
         for op in region.op_ids:
-            readers = [region_of[u] for u in users[op] if region_of.get(u, position) != position]
+            if op in region.recomputed:
+                continue                  # computed again wherever it is read: never in memory
+            readers = [r for u in users[op] for r in copies.get(u, [region_of.get(u, position)]) if r != position]
             if op in returned:
                 part, last = 2, end
             elif readers:

@@ -1,6 +1,6 @@
 """Split an op graph into compute regions and collectives, with their dependency DAG in program order.
 
-Four splits:
+Five splits:
 
 * ``fusion`` (default) — ops grouped the way XLA fuses them (see :mod:`hespas_ml.split.fusion`); each
   region is one kernel, and its bytes are counted only at the kernel's boundary. Inside a kernel an op
@@ -8,6 +8,10 @@ Four splits:
   evaluated only where it is picked, as XLA does).
 * ``linear`` — maximal runs of compute between collectives (what Hespas calls a linear split); each op
   is costed as its own kernel, so every intermediate tensor is written and read again.
+* ``merged`` — the fusion split, then cheap elementwise kernels recomputed inside the loop and reduction
+  kernels that read them rather than written once and read by each, where that moves fewer bytes (XLA's
+  fusion merger on GPUs; :func:`hespas_ml.split.fusion.merge_producers`). A recomputed op belongs to every
+  region that reads it (``Region.recomputed``) and is never written to memory.
 * ``individual`` — every op is its own region.
 * ``hespas`` — the blocks the Hespas simulator profiles (:mod:`hespas_ml.split.hespas_blocks`): top-level
   collectives alone, the other top-level ops of ``@main`` in runs of at most 1024; each block's kernels are
@@ -24,10 +28,10 @@ from ..ingest.graph import Op, OpGraph, program_users
 from ..costs import (DECOMPOSED_OPS, ELEMENTWISE_OPS, PARTIAL_READ_OPS, TRANSCENDENTAL_OPS,
                             program_costs)
 from .errors import SplitError
-from .fusion import FREE_KINDS, accumulated_window, fuse, window_update
+from .fusion import FREE_KINDS, accumulated_window, fuse, merge_producers, window_update
 from .hespas_blocks import hespas_blocks
 
-SPLITS = ("fusion", "linear", "individual", "hespas")
+SPLITS = ("fusion", "linear", "individual", "hespas", "merged")
 
 # ASTRA-sim's collective types that our collectives map to.
 COLLECTIVE_TO_COMM = {"all_reduce": "ALL_REDUCE", "all_gather": "ALL_GATHER", "reduce_scatter": "REDUCE_SCATTER",
@@ -76,6 +80,7 @@ class Region:
     kernels: list[Kernel] = field(default_factory=list)
     collective: Collective | None = None
     graph: OpGraph | None = field(default=None, repr=False, compare=False)   # the program it belongs to
+    recomputed: frozenset[int] = frozenset()   # ops also computed in other regions; never written to memory
 
     @property
     def flops(self) -> float:
@@ -130,15 +135,21 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
     users = program_users(graph)
     if split == "hespas":
         return _hespas_regions(graph, costs, users)
+    copied: set[int] = set()
     if split == "fusion":
         groups = fuse(graph, users)                       # list of op-id lists, each one kernel
+    elif split == "merged":
+        groups, copied = merge_producers(
+            graph, users, fuse(graph, users),
+            lambda group, recomputed: _kernel_of(graph, group, costs, users, recomputed).bytes)
     else:
         groups = [[op.id] for op in ops]
     # Regions: collectives alone; compute groups either alone (fusion/individual) or merged into runs.
     group_of = [0] * len(ops)
     for gi, g in enumerate(groups):
         for i in g:
-            group_of[i] = gi
+            if i not in copied:
+                group_of[i] = gi
     order = sorted(range(len(groups)), key=lambda gi: max(groups[gi]))   # a kernel runs when its last op can
     regions: list[Region] = []
     region_of_group: dict[int, int] = {}
@@ -152,7 +163,8 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
                             collective=_collective(graph, first))
             regions.append(region)
         else:
-            kernels = _kernels(graph, g, costs, users, per_op=(split != "fusion"))
+            kernels = ([_kernel_of(graph, g, costs, users, copied)] if split == "merged" else
+                       _kernels(graph, g, costs, users, per_op=(split != "fusion")))
             joinable = (split == "linear" and current is not None and current.loop == first.loop
                         and current.count == first.count)
             if joinable:
@@ -161,21 +173,24 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
                 region.kernels.extend(kernels)
             else:
                 region = Region(len(regions), "compute", list(g), count=first.count, loop=first.loop,
-                                kernels=kernels)
+                                kernels=kernels, recomputed=frozenset(copied.intersection(g)))
                 regions.append(region)
                 if split == "linear":
                     current = region
         region_of_group[gi] = region.id
-    _link(graph, regions, [region_of_group[group_of[i]] for i in range(len(ops))], chained=split == "linear")
+    _link(graph, regions, [region_of_group[group_of[i]] for i in range(len(ops))], chained=split == "linear",
+          looked_through=copied)
     return RegionGraph(graph, regions, split)
 
 
-def _link(graph: OpGraph, regions: list[Region], region_of_op: list[int], chained: bool) -> None:
+def _link(graph: OpGraph, regions: list[Region], region_of_op: list[int], chained: bool,
+          looked_through: set[int] = frozenset()) -> None:
     """Give each region its dependencies, from dataflow: free ops (reshape, broadcast, constants …) that
-    fusion copies into several kernels are looked through, so a kernel depends on whoever produced the free
-    op's inputs. ``chained``: the split keeps program order, each region following the previous one."""
+    fusion copies into several kernels, and the ``looked_through`` ops that a split recomputes in each
+    region that reads them, are looked through, so a kernel depends on whoever produced their inputs.
+    ``chained``: the split keeps program order, each region following the previous one."""
     ops = graph.ops
-    sources = _dependency_sources(graph)
+    sources = _dependency_sources(graph, looked_through)
     for r in regions:
         deps = {region_of_op[q] for i in r.op_ids for p in ops[i].operands for q in sources(p)}
         if chained and r.id > 0:
@@ -268,10 +283,13 @@ def _demand(graph: OpGraph, group: list[int], costs, users: list[list[int]], out
     return demand
 
 
-def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) -> Kernel:
+def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]],
+               recomputed: set[int] = frozenset()) -> Kernel:
     """Cost one kernel: FLOPs summed over its ops; bytes only where data crosses the kernel boundary.
 
-    In a fused kernel each op counts only the part of its result the kernel needs (:func:`_demand`).
+    In a fused kernel each op counts only the part of its result the kernel needs (:func:`_demand`). The
+    ``recomputed`` ops are computed again by every kernel that reads them, so their results are never
+    written.
     """
     ops = graph.ops
     members = set(group)
@@ -310,6 +328,8 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
             key = (p, t.nbytes) if p >= 0 else (-1 - i * 64 - j, t.nbytes)
             read[key] = max(read.get(key, 0.0), nbytes)
         # writes of results used outside the kernel or returned by the program
+        if i in recomputed:
+            continue
         if i in outputs or any(u not in members for u in users[i]) or not users[i]:
             k.bytes += sum(t.nbytes for t in op.result_types)
     if len(group) > 1:
@@ -333,8 +353,9 @@ def _kernel_of(graph: OpGraph, group: list[int], costs, users: list[list[int]]) 
     return k
 
 
-def _dependency_sources(graph: OpGraph):
-    """Map a producer id to the non-free op ids it stands for (free ops are looked through)."""
+def _dependency_sources(graph: OpGraph, looked_through: set[int] = frozenset()):
+    """Map a producer id to the non-free op ids it stands for (free ops, and ``looked_through`` ops, are
+    looked through)."""
     ops = graph.ops
     memo: dict[int, tuple[int, ...]] = {}
 
@@ -344,7 +365,7 @@ def _dependency_sources(graph: OpGraph):
         hit = memo.get(p)
         if hit is not None:
             return hit
-        if ops[p].kind not in FREE_KINDS:
+        if ops[p].kind not in FREE_KINDS and p not in looked_through:
             memo[p] = (p,)
             return memo[p]
         out: list[int] = []
@@ -355,7 +376,7 @@ def _dependency_sources(graph: OpGraph):
             if q < 0 or q in seen:
                 continue
             seen.add(q)
-            if ops[q].kind in FREE_KINDS:
+            if ops[q].kind in FREE_KINDS or q in looked_through:
                 stack.extend(ops[q].operands)
             else:
                 out.append(q)

@@ -8,7 +8,8 @@ serialisation of a region that covers
 * the internal edges (which op feeds which operand of which op) and which operands come from outside the
   region — two operands reading the *same* outside tensor are told apart from two reading different ones,
   since that changes the bytes a kernel moves;
-* which ops' results leave the region (they are written to memory);
+* which ops' results leave the region (they are written to memory; not those the region computes again
+  for itself, ``Region.recomputed``);
 * how the ops are grouped into kernels (a linear split region holds several).
 
 Left out: op ids, positions, the call path, fusion ids, loop membership, the region's execution count, and
@@ -79,8 +80,9 @@ def escaping_ops(region, users: list[list[int]] | None = None) -> set[int]:
         users = program_users(graph)
     members = set(region.op_ids)
     outputs = set(graph.outputs)
-    return {i for i in region.op_ids
-            if i in outputs or not users[i] or any(u not in members for u in users[i])}
+    recomputed = getattr(region, "recomputed", frozenset())
+    return {i for i in region.op_ids if i not in recomputed and
+            (i in outputs or not users[i] or any(u not in members for u in users[i]))}
 
 
 def _sha(text: str) -> str:
