@@ -10,7 +10,8 @@ data only. A program is a path under ``../shared``, or ``github:OWNER/NAME@COMMI
 not there (the Hespas repository's ResNet-50 training step): it is read from the clone ``DIR/OWNER+NAME``
 that ``--github DIR`` names, and reported unavailable without one. A source is ``FIDELITY@SPLIT``:
 ``roofline@fusion`` (the default answer), ``roofline@merged`` (elementwise producers recomputed in their
-readers, as XLA's fusion merger does), ``roofline@linear``, ``measured@hespas`` (labels measured on the GPU
+readers, as XLA's fusion merger does), ``calibrated-roofline@merged`` (the same at the efficiencies measured
+on the H100, ``hespas_ml/label/calibration.py``), ``roofline@linear``, ``measured@hespas`` (labels measured on the GPU
 itself for the program's Hespas compute blocks, ``datasets/measured/``), ``surrogate:…@fusion``. A source
 that cannot answer a case is reported as unavailable with its reason, never guessed.
 
@@ -39,7 +40,8 @@ from hespas_ml.ingest.errors import HespasError  # noqa: E402
 from hespas_ml.pipeline import simulate  # noqa: E402
 
 SHARED = (ROOT / ".." / "shared").resolve()
-DEFAULT_SOURCES = ("roofline@fusion", "roofline@merged", "roofline@linear", "measured@hespas")
+DEFAULT_SOURCES = ("roofline@fusion", "roofline@merged", "calibrated-roofline@merged", "roofline@linear",
+                   "measured@hespas")
 
 
 def read_cases(path: Path) -> list[dict[str, str]]:

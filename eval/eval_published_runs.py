@@ -1,6 +1,6 @@
 """Published training runs against hespas-ml's step time, each with the layout the run used.
 
-    python eval/eval_published_runs.py [--runs eval/measured/published_runs.csv] [--fidelity roofline]
+    python eval/eval_published_runs.py [--runs eval/measured/published_runs.csv] [--fidelity roofline] [--split fusion]
                                        [--also '&schedule=interleaved:6'] [--only NAME…] [--json out.json]
 
 ``eval/measured/published_runs.csv`` holds one row per run: its name, the target and system it ran on (as a
@@ -73,10 +73,10 @@ def breakdown(res) -> dict[str, float]:
     return out
 
 
-def predict(row: dict[str, str], spec: str, fidelity: str) -> dict:
+def predict(row: dict[str, str], spec: str, fidelity: str, split: str = "fusion") -> dict:
     t0 = time.perf_counter()
     try:
-        res = simulate(spec, target=row["target"], system=row["system"], fidelity=fidelity)
+        res = simulate(spec, target=row["target"], system=row["system"], fidelity=fidelity, split=split)
     except HespasError as exc:
         return {"error": str(exc).splitlines()[0][:240], "wall_s": time.perf_counter() - t0}
     parts = breakdown(res)
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "eval" / "measured" / "published_runs.csv")
     ap.add_argument("--fidelity", default="roofline")
+    ap.add_argument("--split", default="fusion", help="how programs are split into kernels (fusion, merged, …)")
     ap.add_argument("--also", help="predict each run again with this added to its spec")
     ap.add_argument("--only", nargs="+", help="runs whose name contains one of these")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    published {published:9.3f} s per step" +
               (f"  ({row['value']} TFLOP/s per GPU by equation 3)" if row["figure"] == "tflops_eq3" else ""))
         for label, spec in variants:
-            got = predict(row, spec, args.fidelity)
+            got = predict(row, spec, args.fidelity, args.split)
             out["predicted"][label] = got
             if "error" in got:
                 print(f"    {label:<10} unavailable: {got['error']}")

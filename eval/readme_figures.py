@@ -105,9 +105,10 @@ def gpu_steps() -> dict[str, str]:
     measured blocks' errors against the published step times."""
     got = run_json("eval_gpu_steps.py")
     by = {s: [r for r in got["results"] if r["source"] == s and r["status"] == "ok" and "llama3" in r["program"]]
-          for s in ("roofline@fusion", "measured@hespas")}
-    roof, hespas = by["roofline@fusion"], by["measured@hespas"]
+          for s in ("roofline@fusion", "measured@hespas", "calibrated-roofline@merged")}
+    roof, hespas, calibrated = by["roofline@fusion"], by["measured@hespas"], by["calibrated-roofline@merged"]
     summary = got["summary"]["roofline@fusion"][roof[0]["program"]]
+    cal = got["summary"]["calibrated-roofline@merged"][roof[0]["program"]]
     return {"gpu-steps":
             f"the default fusion-aware roofline is {percents([r['error'] for r in roof])} off on "
             f"{' / '.join(r['target'] for r in roof)} (mean {100 * summary['mean_abs_error']:.1f} %, speed-up "
@@ -115,16 +116,20 @@ def gpu_steps() -> dict[str, str]:
             f"allows, ±{100 * summary['mean_rounding']:.0f} % on average: "
             f"{100 * summary['mean_abs_error_beyond_rounding']:.1f} % and "
             f"{100 * summary['mean_trend_error_beyond_rounding']:.1f} %); the Hespas authors' own measured block times "
-            f"through the same replay (`--split hespas --fidelity measured`) {percents([r['error'] for r in hespas])}"}
+            f"through the same replay (`--split hespas --fidelity measured`) {percents([r['error'] for r in hespas])}; "
+            f"the calibrated roofline on the merged split (`--fidelity calibrated-roofline --split merged`) "
+            f"{percents([r['error'] for r in calibrated])} (mean {100 * cal['mean_abs_error']:.1f} %, speed-up trend "
+            f"{100 * cal['mean_trend_error']:.1f} %)"}
 
 
 def device_steps() -> dict[str, str]:
     """The LLaMA steps timed on the lent H100 with their token ids spread over the vocabulary: the roofline's
     and the measured regions' errors."""
-    got = run_json("eval_device_steps.py")
+    got = run_json("eval_device_steps.py", "--sources", "roofline", "measured", "calibrated-roofline@merged")
     spread = [r for r in got if r["phase"] == "steps" and r["indices"] != "1-3"]
     roofline = [r["sources"]["roofline"]["error"] for r in spread]
     measured = [r["sources"]["measured"]["error"] for r in spread]
+    calibrated = [r["sources"]["calibrated-roofline@merged"]["error"] for r in spread]
 
     def median_abs(errors: list[float]) -> str:
         return f"{100 * statistics.median(abs(e) for e in errors):.1f} %"
@@ -132,7 +137,8 @@ def device_steps() -> dict[str, str]:
     return {"device-steps":
             f"{len(spread)} of them were timed with their token ids spread over the vocabulary; the roofline is "
             f"{percents(roofline)} off those (median |error| {median_abs(roofline)}), the measured regions less "
-            f"their launch overhead {percents(measured)} (median {median_abs(measured)})"}
+            f"their launch overhead {percents(measured)} (median {median_abs(measured)}), the calibrated roofline "
+            f"on the merged split {percents(calibrated)} (median {median_abs(calibrated)})"}
 
 
 def synthetic_training() -> dict[str, str]:
@@ -167,8 +173,15 @@ def published_runs() -> dict[str, str]:
               f"({min(fit):.0f}-{max(fit):.0f} GiB per device)" if fit else "no run fits its GPUs in its own layout")
     if big:
         memory += f"; the other {len(big)} need {min(big):.0f}-{max(big):.0f} GiB"
+    calibrated = run_json("eval_published_runs.py", "--fidelity", "calibrated-roofline", "--split", "merged")
+    cal = {r["name"]: r["predicted"]["as listed"]["relative_error"] for r in calibrated
+           if "relative_error" in r["predicted"]["as listed"]}
+    cal_parts = [f"{percents([e for n, e in cal.items() if key in n])} off {what}" for what, key in groups]
     return {"published-runs": f"the roofline is {parts[0]}, {parts[1]} and {parts[2]} (median |error| "
                               f"{100 * median:.1f} % over the {len(errors)} runs",
+            "published-runs-calibrated": f"{cal_parts[0]}, {cal_parts[1]} and {cal_parts[2]} (median |error| "
+                                         f"{100 * statistics.median(abs(e) for e in cal.values()):.1f} % over "
+                                         f"the {len(cal)} runs)",
             "published-runs-memory": memory}
 
 

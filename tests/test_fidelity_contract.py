@@ -46,6 +46,7 @@ def options(name: str, tmp: Path) -> dict:
 # name -> (a target it answers for, a target it refuses (None: it answers for every one), program)
 CASES = {
     "roofline": ("H100", None, PROGRAM),
+    "calibrated-roofline": ("H100", "TPUv3", PROGRAM),
     "scalesim": ("TPUv4", "H100", PROGRAM),
     "profiling": ("host-cpu", "H100", PROGRAM),
     "measured": ("H100", "TPUv3", MEASURED_BMM),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..label.targets import load_target
 from ..split.regions import SPLITS
 from ..units import format_bytes, format_seconds
 
@@ -88,6 +89,11 @@ def cmd_simulate(args) -> int:
     w = sys.stdout.write
     w(f"program       {res.program}  ({res.n_devices} device{'s' if res.n_devices > 1 else ''})\n")
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split)\n")
+    if res.fidelity == "calibrated-roofline":
+        cal = load_target(args.target).calibration
+        rates = " / ".join(f"{100 * e:.0f} % ({d})" for d, e in cal.matrix_efficiency.items())
+        w(f"calibrated    matrix at {rates} of peak, memory at {100 * cal.memory_efficiency:.0f} % of its bandwidth, "
+          f"{format_seconds(cal.kernel_overhead_s)} per kernel: measured on {cal.measured_on} ({cal.source})\n")
     how = ""
     if res.n_devices >= MANY_RANKS:              # at scale, say whether the replay could use the symmetry
         how = ("   (ranks alike: one rank simulated for all)" if res.replay_engine in ("fast", "symmetric") else

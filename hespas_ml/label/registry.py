@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .fidelity import Fidelity, FidelityError
 
-LABELLERS = ("roofline", "scalesim", "profiling", "measured")
+LABELLERS = ("roofline", "calibrated-roofline", "scalesim", "profiling", "measured")
 SURROGATE_PREFIX = "surrogate:"
 
 
@@ -14,6 +14,9 @@ def labeller_class(name: str) -> type:
     if key == "roofline":
         from .roofline import RooflineFidelity
         return RooflineFidelity
+    if key == "calibrated-roofline":
+        from .roofline import CalibratedRooflineFidelity
+        return CalibratedRooflineFidelity
     if key == "scalesim":
         from .scalesim import ScaleSimFidelity
         return ScaleSimFidelity

@@ -25,6 +25,10 @@ YAML schema (numbers may be written as ``1555e9``; PyYAML reads that as a string
                                      #     ofmap_sram_kb}
     sources: [...]                   # non-empty list
     notes: ...
+    f32_matmul: tf32                 # optional: the matrix rate f32 dots and convolutions run at under
+                                     #   XLA's default precision (TF32 on NVIDIA Ampere and later)
+    calibration: {...}               # optional: efficiencies measured on the device, for the calibrated
+                                     #   roofline (hespas_ml.label.calibration)
     hespas_node: H100_80GB           # optional: the Hespas node folder this preset corresponds to
     hespas_differences: {f64: why}   # optional: Hespas roofline entries we knowingly disagree with
 """
@@ -47,6 +51,7 @@ import yaml
 
 from ..host import cache_dir, cpu_model, package_version, schedulable_cores
 from ..ingest.errors import HespasError
+from .calibration import Calibration, CalibrationError, calibration_from_mapping
 
 PRESET_DIR = Path(__file__).with_name("targets")
 HOST_CPU = "host-cpu"
@@ -75,7 +80,7 @@ _CANONICAL_BY_LOWER = {d.lower(): d for d in KNOWN_DTYPES}
 _REQUIRED_KEYS = ("name", "matrix_flops", "vector_flops", "mem_bw", "mem_capacity", "onchip_mem",
                   "clock_hz", "sources")
 _OPTIONAL_KEYS = ("description", "notes", "aliases", "systolic", "onchip_mem_kind", "hespas_node",
-                  "hespas_differences", "measured")
+                  "hespas_differences", "measured", "f32_matmul", "calibration")
 _SYSTOLIC_KEYS = ("rows", "cols", "count", "dataflow", "ifmap_sram_kb", "filter_sram_kb", "ofmap_sram_kb")
 
 
@@ -121,6 +126,8 @@ class Target:
     hespas_node: str | None = None
     hespas_differences: dict[str, str] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
+    f32_matmul: str | None = None      # matrix rate of f32 dots/convolutions at XLA's default precision
+    calibration: Calibration | None = None   # efficiencies measured on the device (calibrated roofline)
 
     def __hash__(self) -> int:  # the dict fields are not hashable; equal targets share these fields
         return hash((self.name, self.description, self.mem_bw, self.mem_capacity, self.clock_hz))
@@ -141,6 +148,15 @@ class Target:
             if candidate in self.vector_flops:
                 return self.vector_flops[candidate]
         return self.vector_flops["f32"]  # unreachable for validated targets: f32 is required
+
+    def op_rate(self, dtype: str, unit: str = "matrix") -> float:
+        """FLOP/s an op of element type ``dtype`` runs at on ``unit`` as XLA compiles it by default: the
+        unit's :meth:`peak_flops`, except that f32 matrix work runs at the ``f32_matmul`` rate where the
+        target names one (XLA's default precision lets NVIDIA GPUs since Ampere use TF32 for f32 dots and
+        convolutions). A program that asks for the highest precision is not told apart."""
+        if unit == "matrix" and self.f32_matmul and normalize_dtype(dtype) == "f32":
+            return self.matrix_flops[self.f32_matmul]
+        return self.peak_flops(dtype, unit)
 
     def to_vector(self) -> dict[str, float]:
         """A flat numeric description for conditioning a learned model on the hardware.
@@ -303,10 +319,19 @@ def target_from_mapping(data: Any, origin: str) -> Target:
     if not isinstance(measured, dict):
         raise TargetError(f"{origin}: key 'measured' must be a mapping")
     hespas_node = data.get("hespas_node")
+    try:
+        calibration = (calibration_from_mapping(data["calibration"], origin)
+                       if data.get("calibration") is not None else None)
+    except CalibrationError as exc:
+        raise TargetError(str(exc)) from None
+    matrix = _rates(data["matrix_flops"], origin, "matrix_flops")
+    f32_matmul = data.get("f32_matmul")
+    if f32_matmul is not None and f32_matmul not in matrix:
+        raise TargetError(f"{origin}: key 'f32_matmul' names {f32_matmul!r}, which matrix_flops has no rate for")
     return Target(
         name=_text(data["name"], origin, "name", required=True),
         description=_text(data.get("description"), origin, "description"),
-        matrix_flops=_rates(data["matrix_flops"], origin, "matrix_flops"),
+        matrix_flops=matrix,
         vector_flops=vector,
         mem_bw=_number(data["mem_bw"], origin, "mem_bw"),
         mem_capacity=_number(data["mem_capacity"], origin, "mem_capacity"),
@@ -320,6 +345,8 @@ def target_from_mapping(data: Any, origin: str) -> Target:
         hespas_node=_text(hespas_node, origin, "hespas_node", required=True) if hespas_node else None,
         hespas_differences={str(k): v.strip() for k, v in differences.items()},
         measured=dict(measured),
+        f32_matmul=str(f32_matmul) if f32_matmul is not None else None,
+        calibration=calibration,
     )
 
 

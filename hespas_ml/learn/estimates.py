@@ -40,7 +40,7 @@ class Estimator:
         table = self._peak_table(target)
         value = table.get((dtype, unit))
         if value is None:
-            value = table[(dtype, unit)] = float(target.peak_flops(dtype, unit))
+            value = table[(dtype, unit)] = float(target.op_rate(dtype, unit))
         return value
 
     def roofline_parts(self, regions: Sequence[Any], target: Target) -> dict[str, np.ndarray]:

@@ -150,6 +150,7 @@ def test_user_yaml_file(tmp_path: Path) -> None:
     data.update(name="my-gpu", aliases=[], mem_bw="2e12", matrix_flops={"bf16": "5e14", "si8": 1e15})
     data.pop("hespas_node")
     data.pop("hespas_differences")
+    data.pop("f32_matmul")                 # its tf32 rate is gone with the H100's matrix table
     data["systolic"] = {"rows": 64, "cols": 32, "count": 2, "dataflow": "os",
                         "ifmap_sram_kb": 512, "filter_sram_kb": 512, "ofmap_sram_kb": 256}
     t = load_target(_write(tmp_path, data))
@@ -170,6 +171,9 @@ def test_user_yaml_file(tmp_path: Path) -> None:
     (lambda d: d.update(sources=[]), "'sources' must list at least one source"),
     (lambda d: d.update(mem_bandwith=1e12), "unknown key 'mem_bandwith'"),
     (lambda d: d.update(systolic={"rows": 8}), r"'systolic\.cols' is missing"),
+    (lambda d: d.update(f32_matmul="fp19"), "'f32_matmul' names 'fp19', which matrix_flops has no rate for"),
+    (lambda d: d["calibration"].update(memory_efficiency=1.5), r"'calibration\.memory_efficiency' must lie in"),
+    (lambda d: d["calibration"].pop("kernel_overhead_s"), r"'calibration\.kernel_overhead_s' is missing"),
 ])
 def test_invalid_user_file_names_file_and_key(tmp_path: Path, edit, expected: str) -> None:
     data = _h100_mapping()
@@ -379,3 +383,13 @@ def test_corrupt_host_cache_is_remeasured(host_cache: Path, tmp_path: Path,
         target = load_target("host-cpu")
     assert target.matrix_flops["f32"] > 1e9
     assert read_target_file(broken).measured["key"] == target.measured["key"]  # rewritten, valid
+
+
+def test_f32_matrix_work_runs_at_the_rate_xla_gives_it_by_default() -> None:
+    h100, v100 = load_target("H100"), load_target("V100-32GB")
+    # f32 dots on the TF32 Tensor Cores where the target says so; the unit's own peak is unchanged
+    assert h100.op_rate("f32", "matrix") == h100.matrix_flops["tf32"] > h100.peak_flops("f32", "matrix")
+    assert h100.op_rate("f32", "vector") == h100.vector_flops["f32"]
+    assert h100.op_rate("bf16", "matrix") == h100.peak_flops("bf16", "matrix")
+    # no TF32 on Volta: the rate is the peak
+    assert v100.f32_matmul is None and v100.op_rate("f32", "matrix") == v100.peak_flops("f32", "matrix")
