@@ -68,7 +68,7 @@ def calibration_from_mapping(data: Any, origin: str) -> Calibration:
         raise CalibrationError(f"{origin}: key 'calibration.labels' must be a mapping")
     return Calibration(efficiencies, _fraction(data["memory_efficiency"], origin, "calibration.memory_efficiency"),
                        overhead, str(data["measured_on"]), str(data["source"]),
-                       {str(k): int(v) for k, v in labels.items()})
+                       {str(k): int(_float(v, origin, f"calibration.labels.{k}")) for k, v in labels.items()})
 
 
 def _float(value: Any, origin: str, key: str) -> float:

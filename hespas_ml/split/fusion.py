@@ -52,8 +52,8 @@ MATRIX_KINDS = frozenset({"dot_general", "dot", "convolution"})
 LAYOUT_KINDS = frozenset({"transpose", "reverse"})
 
 
-# Elementwise ops cheap enough to compute again in every kernel that reads them (XLA:GPU's rule: of the
-# transcendentals only exp, sqrt and rsqrt, and of the rest divide, are cheap, in f32, f16 and bf16).
+# Elementwise ops cheap enough to compute again in every kernel that reads them. XLA:GPU counts exp, sqrt,
+# rsqrt and divide as cheap in f32 and f16 and the other transcendentals as expensive; bf16 is taken as f16.
 _CHEAP_TRANSCENDENTAL = frozenset({"exponential", "sqrt", "rsqrt"})
 _CHEAP_DTYPES = frozenset({"f32", "f16", "bf16"})
 _MERGEABLE_KINDS = frozenset({
