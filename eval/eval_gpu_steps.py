@@ -57,7 +57,7 @@ def read_cases(path: Path) -> list[dict[str, str]]:
 
 def resolve(program: str, github: Path | None, tmp: Path) -> Path:
     """The file of a case's program: a path under ``../shared``, or ``github:OWNER/NAME@COMMIT:PATH`` read
-    from the git repository ``github/OWNER+NAME`` (a clone or a bare mirror) at that commit."""
+    from the git repository ``github/OWNER+NAME`` (a clone, bare or not) at that commit, into ``tmp``."""
     if not program.startswith("github:"):
         return SHARED / program
     ref, _, path = program[len("github:"):].partition(":")
@@ -65,10 +65,8 @@ def resolve(program: str, github: Path | None, tmp: Path) -> Path:
     if github is None:
         raise FileNotFoundError(f"{program}: not in ../shared; give --github DIR holding a clone of {repo} "
                                 f"as DIR/{repo.replace('/', '+')}")
-    where = github / repo.replace("/", "+")
-    git_dir = where / "repo" if (where / "repo").is_dir() else where
-    done = subprocess.run(["git", "--git-dir", str(git_dir / ".git") if (git_dir / ".git").is_dir() else str(git_dir),
-                           "show", f"{commit}:{path}"], capture_output=True)
+    done = subprocess.run(["git", "-C", str(github / repo.replace("/", "+")), "show", f"{commit}:{path}"],
+                          capture_output=True)
     if done.returncode != 0:
         raise FileNotFoundError(f"{program}: {done.stderr.decode().strip().splitlines()[-1] if done.stderr else 'not found'}")
     out = tmp / Path(path).name
@@ -77,8 +75,12 @@ def resolve(program: str, github: Path | None, tmp: Path) -> Path:
 
 
 def run(cases: list[dict[str, str]], sources: list[str], github: Path | None = None) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="gpu-steps-") as tmp:
+        return _run(cases, sources, github, Path(tmp))
+
+
+def _run(cases: list[dict[str, str]], sources: list[str], github: Path | None, tmp: Path) -> list[dict]:
     results = []
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-steps-"))
     for case in cases:
         system = SHARED / "hespas-configs" / "systems" / case["system"]
         try:

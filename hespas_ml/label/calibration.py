@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ingest.errors import HespasError
+from .measured_fidelity import in_program
 
 MIN_LABELS = 5                 # fewest labels an efficiency is fitted on
 
@@ -102,15 +103,15 @@ def fit_calibration(folder: str | Path, target) -> Calibration:
     memory: list[tuple[float, float]] = []
     devices: set[str] = set()
     for label in rows.itertuples(index=False):
-        meta = json.loads(label.meta) if isinstance(label.meta, str) else dict(label.meta or {})
+        meta = json.loads(label.meta or "{}")
         if not meta.get("loop"):
             continue
-        seconds = float(label.seconds) - float(meta.get("pass_overhead_s") or 0.0)
+        seconds = in_program(float(label.seconds), label.meta)
         if seconds <= 0:
             continue
-        devices.add(str(meta.get("device_kind") or meta.get("gpu_name") or target.name))
+        devices.add(str(meta.get("device") or target.name))
         dtype = str(label.dtype)
-        rate_dtype = target.f32_matmul if dtype == "f32" and target.f32_matmul else dtype
+        rate_dtype = target.matrix_type(dtype)
         matrix_s = float(label.matrix_flops) / target.op_rate(dtype, "matrix") if label.matrix_flops else 0.0
         memory_s = float(label.bytes) / target.mem_bw
         if matrix_s and matrix_s >= memory_s:

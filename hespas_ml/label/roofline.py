@@ -18,7 +18,6 @@ import statistics
 from typing import Any, Sequence
 
 from .fidelity import FidelityError, Label
-from .targets import normalize_dtype
 
 TRANSCENDENTAL_FLOPS = 4.0
 
@@ -78,10 +77,9 @@ def calibrated_kernel_seconds(kernel, target) -> tuple[float, float, float]:
     cal = target.calibration
     compute, memory = kernel_seconds(kernel, target)
     if kernel.matrix_flops:
-        dtype = normalize_dtype(kernel.matrix_dtype or kernel.dtype)
-        rate_dtype = target.f32_matmul if dtype == "f32" and target.f32_matmul else dtype
+        dtype = kernel.matrix_dtype or kernel.dtype
         matrix = kernel.matrix_flops / target.op_rate(dtype, "matrix")
-        compute += matrix / matrix_efficiency(target, rate_dtype) - matrix
+        compute += matrix / matrix_efficiency(target, target.matrix_type(dtype)) - matrix
     return compute, memory / cal.memory_efficiency, cal.kernel_overhead_s
 
 

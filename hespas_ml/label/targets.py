@@ -149,14 +149,18 @@ class Target:
                 return self.vector_flops[candidate]
         return self.vector_flops["f32"]  # unreachable for validated targets: f32 is required
 
+    def matrix_type(self, dtype: str) -> str:
+        """The element type matrix work on ``dtype`` runs as under XLA's default precision: ``f32_matmul``
+        for f32 where the target names one (NVIDIA GPUs since Ampere use TF32 for f32 dots and
+        convolutions), else ``dtype`` itself. A program that asks for the highest precision is not told
+        apart."""
+        dtype = normalize_dtype(dtype)
+        return self.f32_matmul if dtype == "f32" and self.f32_matmul else dtype
+
     def op_rate(self, dtype: str, unit: str = "matrix") -> float:
         """FLOP/s an op of element type ``dtype`` runs at on ``unit`` as XLA compiles it by default: the
-        unit's :meth:`peak_flops`, except that f32 matrix work runs at the ``f32_matmul`` rate where the
-        target names one (XLA's default precision lets NVIDIA GPUs since Ampere use TF32 for f32 dots and
-        convolutions). A program that asks for the highest precision is not told apart."""
-        if unit == "matrix" and self.f32_matmul and normalize_dtype(dtype) == "f32":
-            return self.matrix_flops[self.f32_matmul]
-        return self.peak_flops(dtype, unit)
+        unit's :meth:`peak_flops` for the type it runs as (:meth:`matrix_type` on the matrix unit)."""
+        return self.peak_flops(self.matrix_type(dtype) if unit == "matrix" else dtype, unit)
 
     def to_vector(self) -> dict[str, float]:
         """A flat numeric description for conditioning a learned model on the hardware.

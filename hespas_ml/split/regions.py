@@ -163,8 +163,7 @@ def split_program(graph: OpGraph, split: str = "fusion") -> RegionGraph:
                             collective=_collective(graph, first))
             regions.append(region)
         else:
-            kernels = ([_kernel_of(graph, g, costs, users, copied)] if split == "merged" else
-                       _kernels(graph, g, costs, users, per_op=(split != "fusion")))
+            kernels = _kernels(graph, g, costs, users, per_op=split not in ("fusion", "merged"), recomputed=copied)
             joinable = (split == "linear" and current is not None and current.loop == first.loop
                         and current.count == first.count)
             if joinable:
@@ -232,10 +231,11 @@ def _hespas_regions(graph: OpGraph, costs, users: list[list[int]]) -> RegionGrap
     return RegionGraph(graph, regions, "hespas")
 
 
-def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], per_op: bool) -> list[Kernel]:
+def _kernels(graph: OpGraph, group: list[int], costs, users: list[list[int]], per_op: bool,
+             recomputed: set[int] = frozenset()) -> list[Kernel]:
     if per_op:
         return [_kernel_of(graph, [i], costs, users) for i in group]
-    return [_kernel_of(graph, group, costs, users)]
+    return [_kernel_of(graph, group, costs, users, recomputed)]
 
 
 # Ops whose result element k needs only element k of each same-sized operand.
