@@ -255,7 +255,7 @@ def run(sequence_parallel):
         if sequence_parallel:          # replicated weights saw a part of the sequence each (as the export sums)
             grads = {n: jax.lax.psum(g, "tp") if split[n] == P() else g for n, g in grads.items()}
         return value, grads
-    return jax.shard_map(step, mesh=mesh, in_specs=(split,), out_specs=(P(), split), check_vma=False)(params)
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(split,), out_specs=(P(), split), check_vma=False))(params)
 
 (l1, g1), (l2, g2) = run(False), run(True)
 np.testing.assert_allclose(l1, l2, rtol=1e-5)
@@ -331,8 +331,8 @@ def run(axes, sp):
         if sp:
             grads = {n: jax.lax.psum(g, "tp") if split[n] == P() else g for n, g in grads.items()}
         return value, grads
-    return jax.shard_map(step, mesh=mesh, in_specs=(split, seq, seq), out_specs=(P(), split),
-                         check_vma=False)(params, tokens, targets)
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(split, seq, seq), out_specs=(P(), split),
+                                 check_vma=False))(params, tokens, targets)
 
 want = run({"one": 1}, False)
 for axes, sp in (({"cp": 2}, False), ({"cp": 4}, False), ({"cp": 2, "tp": 2}, False), ({"cp": 2, "tp": 2}, True)):
