@@ -306,6 +306,7 @@ class SimulationResult:
     memory_capacity_bytes: float = 0.0       # the target's device memory
     replay_engine: str = ""                  # none | fast | symmetric (ranks alike: one simulated) | full | astra-sim
     pipeline_bubble: float = 0.0             # share of a pipelined zoo step's ticks in which a stage has no microbatch
+    calibration: dict[str, Any] | None = None   # the efficiencies a calibrated roofline charged (its basis)
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -335,6 +336,7 @@ class SimulationResult:
             "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
             "memory_capacity_bytes": self.memory_capacity_bytes, "fits": self.fits,
             "pipeline_bubble": self.pipeline_bubble,
+            "calibration": self.calibration,
             "unmodelled": self.unmodelled, "warnings": self.warnings, "ranks": self.ranks,
             "top_regions": [{"id": r.id, "name": r.name, "count": r.count, "seconds": r.seconds,
                              "total_seconds": r.total_seconds, "flops": r.flops, "bytes": r.bytes,
@@ -412,7 +414,8 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
         step_time_interval_s=step.interval_s, seen_in_training=_seen_in_training(times.distinct.values()),
         kernel_bytes=sum(r.bytes * r.count for r in rows if r.kind == "compute"),
         memory=footprint.to_dict(), memory_capacity_bytes=float(q.target.mem_capacity), replay_engine=step.engine,
-        pipeline_bubble=bubble)
+        pipeline_bubble=bubble,
+        calibration=q.target.calibration.to_mapping() if q.fidelity.name == "calibrated-roofline" else None)
     if out_dir is not None:
         (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result

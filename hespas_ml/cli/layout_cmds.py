@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..split.regions import SPLITS
 from ..units import format_bytes, format_seconds
 
 
@@ -20,6 +21,9 @@ def register(sub) -> None:
                                                     "switch:8x450,switch:4x50)")
     p.add_argument("--target", default="H100", help="hardware target preset or YAML file (default: H100)")
     p.add_argument("--fidelity", default="roofline", help="how compute regions are timed (default: roofline)")
+    p.add_argument("--split", default="fusion", choices=SPLITS,
+                   help="how each program is cut into compute regions (default: fusion; merged goes with "
+                        "--fidelity calibrated-roofline)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", help="also write DIR/layouts.json (the --json object) and DIR/layouts.png (the "
@@ -33,10 +37,11 @@ def cmd_layouts(args) -> int:
 
     if args.devices < 1:
         raise LayoutError(f"--devices must be at least 1, got {args.devices}")
-    question = Question.resolve(None, args.target, args.system, fidelity=args.fidelity, replay=args.replay)
+    question = Question.resolve(None, args.target, args.system, fidelity=args.fidelity, split=args.split,
+                               replay=args.replay)
     ranked = rank_layouts(args.program, args.devices, question, progress=not args.json and sys.stderr.isatty())
     report = {"program": args.program, "devices": args.devices, "target": question.target.name,
-              "system": question.system.source, "fidelity": question.fidelity.name,
+              "system": question.system.source, "fidelity": question.fidelity.name, "split": question.split,
               "layouts": [lay.to_dict() for lay in ranked]}
     if args.out:
         from pathlib import Path
@@ -47,13 +52,14 @@ def cmd_layouts(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "layouts.json").write_text(json.dumps(report, indent=1))
         plot_layouts(out / "layouts.png", ranked, f"{args.program} on {args.devices} x {question.target.name}, "
-                     f"{question.system.source}, {question.fidelity.name}", question.target.mem_capacity)
+                     f"{question.system.source}, {question.fidelity.name} ({question.split} split)",
+                     question.target.mem_capacity)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     w = sys.stdout.write
     w(f"{args.program} on {args.devices} x {question.target.name}, {question.system.source}, "
-      f"{question.fidelity.name}\n\n")
+      f"{question.fidelity.name} ({question.split} split)\n\n")
     w(f"  {'rank':>4}  {'mesh':<20} {'step':>10}  {'exposed comm':>12}  {'memory':>10}  {'util':>6}  {'bubble':>6}\n")
     for i, lay in enumerate(ranked, 1):
         mem = format_bytes(lay.peak_memory_bytes) if lay.peak_memory_bytes else "-"

@@ -92,8 +92,10 @@ def cmd_simulate(args) -> int:
     if res.fidelity == "calibrated-roofline":
         cal = load_target(args.target).calibration
         rates = " / ".join(f"{100 * e:.0f} % ({d})" for d, e in cal.matrix_efficiency.items())
+        floors = "".join(f", a {kind.replace('_general', '')} at least {format_seconds(s)}"
+                         for kind, s in cal.kernel_floor_s.items())
         w(f"calibrated    matrix at {rates} of peak, memory at {100 * cal.memory_efficiency:.0f} % of its bandwidth, "
-          f"{format_seconds(cal.kernel_overhead_s)} per kernel: measured on {cal.measured_on} ({cal.source})\n")
+          f"{format_seconds(cal.kernel_overhead_s)} per kernel{floors}: measured on {cal.measured_on} ({cal.source})\n")
     how = ""
     if res.n_devices >= MANY_RANKS:              # at scale, say whether the replay could use the symmetry
         how = ("   (ranks alike: one rank simulated for all)" if res.replay_engine in ("fast", "symmetric") else

@@ -9,14 +9,15 @@ A region's time is the sum over its kernels: one kernel for the fusion-aware spl
 
 ``roofline`` charges the datasheet peaks. ``calibrated-roofline`` charges what the target's kernels were
 measured to reach (its file's ``calibration``: :mod:`hespas_ml.label.calibration`): matrix and memory
-time over their measured efficiencies, plus the measured overhead of each kernel; it refuses targets
-without one.
+time over their measured efficiencies, plus the measured overhead of each kernel, and at least the measured
+floor of a kernel that calls a convolution or a dot; it refuses targets without one.
 """
 from __future__ import annotations
 
 import statistics
 from typing import Any, Sequence
 
+from .calibration import FLOOR_OPS
 from .fidelity import FidelityError, Label
 
 TRANSCENDENTAL_FLOPS = 4.0
@@ -83,6 +84,14 @@ def calibrated_kernel_seconds(kernel, target) -> tuple[float, float, float]:
     return compute, memory / cal.memory_efficiency, cal.kernel_overhead_s
 
 
+def kernel_floor(kernel, ops, target) -> float:
+    """The least time ``target``'s calibration allows ``kernel`` (ops: its program's ``graph.ops``): the floor
+    of the first op kind in ``FLOOR_OPS`` it holds that the calibration has one for, else 0."""
+    floors = target.calibration.kernel_floor_s
+    kinds = {ops[i].kind for i in kernel.op_ids}
+    return next((floors[k] for k in FLOOR_OPS if k in floors and k in kinds), 0.0)
+
+
 class CalibratedRooflineFidelity(RooflineFidelity):
     """The roofline at the efficiencies measured on the target itself (see the module docstring)."""
 
@@ -99,16 +108,24 @@ class CalibratedRooflineFidelity(RooflineFidelity):
 
     def label(self, region, target) -> Label:
         self.check_target(target)
+        graph = getattr(region, "graph", None)
+        if graph is None and target.calibration.kernel_floor_s:
+            raise FidelityError(f"region {getattr(region, 'id', '?')} carries no op graph (region.graph); the "
+                                f"calibrated roofline's kernel floors need its ops")
         compute = memory = overhead = seconds = 0.0
+        floored = 0
         for k in region.kernels:
             c, m, o = calibrated_kernel_seconds(k, target)
             compute += c
             memory += m
             overhead += o
-            seconds += max(c, m) + o
-        bound = "compute" if compute >= memory else "memory"
+            floor = kernel_floor(k, graph.ops, target) if graph is not None else 0.0
+            floored += floor > max(c, m) + o
+            seconds += max(max(c, m) + o, floor)
+        bound = "floor" if floored == len(region.kernels) else "compute" if compute >= memory else "memory"
         return Label(seconds, "ok", {"compute_s": compute, "memory_s": memory, "overhead_s": overhead,
-                                     "bound": bound, "calibrated_on": target.calibration.measured_on})
+                                     "floored_kernels": floored, "bound": bound,
+                                     "calibrated_on": target.calibration.measured_on})
 
     def label_regions(self, regions: Sequence, target) -> list[Label]:
         self.check_target(target)

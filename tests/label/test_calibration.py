@@ -38,9 +38,35 @@ def test_the_h100_preset_holds_what_its_measured_labels_give():
     assert set(fitted.matrix_efficiency) >= {"bf16", "tf32"}
     assert all(n >= 5 for n in fitted.labels.values())
     assert fitted.measured_on == "NVIDIA H100 80GB HBM3"
+    # a cuDNN convolution costs tens of µs however little it computes, a cuBLAS dot less, any kernel its overhead
+    floors = fitted.kernel_floor_s
+    assert set(floors) == {"convolution", "dot_general"}
+    assert floors["convolution"] > floors["dot_general"] > fitted.kernel_overhead_s
     # the eval script prints the block and checks the preset against the labels
     script = eval_script("calibrate_roofline")
     assert script.main([str(H100_LABELS), "--target", "H100", "--check"]) == 0
+
+
+def test_labels_of_held_out_families_never_calibrate(tmp_path):
+    """Every convolution label marked held out: the fit has no convolution floor left (too few labels), and
+    the figures it fits on the rest are those of the preset."""
+    import json
+
+    import pandas as pd
+
+    labels = pd.read_parquet(H100_LABELS / "labels.parquet")
+    regions = pd.read_parquet(H100_LABELS / "regions.parquet")
+    convs = set(regions.loc[regions["op_counts"].str.contains('"convolution"'), "hash"])
+    marked = labels["hash"].isin(convs) & (labels["fidelity"] == "profiling")
+    assert marked.sum() > 100
+    labels.loc[marked, "meta"] = [json.dumps({**json.loads(m), "phase": "held_out"}) for m in labels.loc[marked, "meta"]]
+    labels.to_parquet(tmp_path / "labels.parquet")
+    regions.to_parquet(tmp_path / "regions.parquet")
+    fitted = fit_calibration(tmp_path, load_target("H100"))
+    preset = load_target("H100").calibration
+    assert "convolution" not in fitted.kernel_floor_s
+    assert fitted.kernel_floor_s["dot_general"] == preset.kernel_floor_s["dot_general"]
+    assert fitted.matrix_efficiency == preset.matrix_efficiency
 
 
 def test_fitting_needs_looped_labels_of_the_target(tmp_path):
@@ -68,6 +94,31 @@ def test_calibrated_roofline_charges_the_measured_efficiencies_and_overheads():
     assert calibrated[0].meta["calibrated_on"] == cal.measured_on
 
 
+SMALL_CONV = """
+func.func @main(%x: tensor<1x8x8x16xf32>, %w: tensor<3x3x16x16xf32>) -> tensor<1x8x8x16xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f],
+       window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64}
+       : (tensor<1x8x8x16xf32>, tensor<3x3x16x16xf32>) -> tensor<1x8x8x16xf32>
+  return %0 : tensor<1x8x8x16xf32>
+}
+"""
+
+
+def test_a_small_convolution_takes_the_measured_floor_and_says_so():
+    h100 = load_target("H100")
+    (region,) = split_program(parse_module(SMALL_CONV, "small_conv")).compute_regions()
+    (label,) = get_fidelity("calibrated-roofline").label_regions([region], h100)
+    (k,) = region.kernels
+    c, m = kernel_seconds(k, h100)
+    assert max(c, m) + h100.calibration.kernel_overhead_s < h100.calibration.kernel_floor_s["convolution"]
+    assert label.seconds == h100.calibration.kernel_floor_s["convolution"]
+    assert label.meta["bound"] == "floor" and label.meta["floored_kernels"] == 1
+    # a calibration without floors charges the work and the overhead alone
+    bare = dataclasses.replace(h100, calibration=dataclasses.replace(h100.calibration, kernel_floor_s={}))
+    (label,) = get_fidelity("calibrated-roofline").label_regions([region], bare)
+    assert label.seconds < h100.calibration.kernel_floor_s["convolution"] and label.meta["floored_kernels"] == 0
+
+
 def test_calibrated_roofline_refuses_a_target_without_a_calibration():
     fid = get_fidelity("calibrated-roofline")
     with pytest.raises(FidelityError, match="V100-32GB has no calibration") as err:
@@ -86,3 +137,14 @@ def test_a_type_the_calibration_did_not_measure_borrows_from_one_at_the_same_rat
     assert matrix_efficiency(h100, "f16") == cal.matrix_efficiency["bf16"]      # the same Tensor Core rate
     # fp8 runs at twice the rate of any measured type: the median of the measured efficiencies
     assert matrix_efficiency(h100, "f8E4M3FN") == statistics.median(cal.matrix_efficiency.values())
+
+
+def test_a_calibrated_answer_carries_its_basis():
+    """simulate's result (and so --json) holds the calibration it charged; other fidelities' hold none."""
+    from hespas_ml.pipeline import simulate
+
+    graph = parse_module(GEMM_AND_SCALE, "gemm_and_scale")
+    calibrated = simulate(graph, target="H100", fidelity="calibrated-roofline").to_dict()
+    assert calibrated["calibration"] == load_target("H100").calibration.to_mapping()
+    assert calibrated["calibration"]["kernel_floor_s"]["convolution"] > 0
+    assert simulate(graph, target="H100").to_dict()["calibration"] is None

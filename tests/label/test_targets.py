@@ -174,6 +174,8 @@ def test_user_yaml_file(tmp_path: Path) -> None:
     (lambda d: d.update(f32_matmul="fp19"), "'f32_matmul' names 'fp19', which matrix_flops has no rate for"),
     (lambda d: d["calibration"].update(memory_efficiency=1.5), r"'calibration\.memory_efficiency' must lie in"),
     (lambda d: d["calibration"].pop("kernel_overhead_s"), r"'calibration\.kernel_overhead_s' is missing"),
+    (lambda d: d["calibration"]["kernel_floor_s"].update(softmax=1e-5), r"'calibration\.kernel_floor_s' must map op"),
+    (lambda d: d["calibration"]["kernel_floor_s"].update(convolution=-1e-5), "must hold no negative time"),
 ])
 def test_invalid_user_file_names_file_and_key(tmp_path: Path, edit, expected: str) -> None:
     data = _h100_mapping()

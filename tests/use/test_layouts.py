@@ -119,3 +119,20 @@ def test_the_readmes_layouts_line(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["devices"] == 8 and len(data["layouts"]) == 20 and data["layouts"][0]["status"] == "ok"
     assert main(command) == 0 and "rank  mesh" in capsys.readouterr().out
+
+
+def test_layouts_time_each_layout_with_the_split_and_fidelity_given(capsys):
+    """--split merged --fidelity calibrated-roofline: every layout is timed as simulate times it with them, and
+    the report says which split it used."""
+    argv = ["layouts", LLAMA, "--devices", "4", "--system", "switch:4x450", "--fidelity", "calibrated-roofline",
+            "--split", "merged"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["split"] == "merged" and report["fidelity"] == "calibrated-roofline"
+    best = report["layouts"][0]
+    res = simulate(best["program"], target="H100", system="switch:4x450", fidelity="calibrated-roofline",
+                   split="merged")
+    assert res.step_time_s == best["step_time_s"]
+    assert res.step_time_s != simulate(best["program"], target="H100", system="switch:4x450",
+                                       fidelity="calibrated-roofline").step_time_s
+    assert main(argv) == 0 and "calibrated-roofline (merged split)" in capsys.readouterr().out
