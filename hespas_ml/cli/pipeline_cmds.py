@@ -32,6 +32,10 @@ def register(sub) -> None:
     p.add_argument("--out", help="keep Chakra traces, comm_group.json, the system files, regions.csv and a timeline "
                                  "picture (timeline.png) here")
     p.add_argument("--top", type=int, default=10, help="how many of the most expensive regions to list")
+    p.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
+                   help="a pipelined zoo step (mesh=pp:P,…): one SPMD program whose stages run in lock-step "
+                        "(lockstep, the default), or each stage's own programs replayed in its schedule's order "
+                        "(stages: pp and dp meshes, remat=full for training)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
 
@@ -74,6 +78,9 @@ def _si(value: float, unit: str) -> str:
 
 def cmd_simulate(args) -> int:
     from ..pipeline import simulate
+
+    if args.pipeline == "stages":
+        return _simulate_stages(args)
 
     from ..fidelities import surrogate_model
 
@@ -136,6 +143,35 @@ def cmd_simulate(args) -> int:
         print(f"warning: {msg}", file=sys.stderr)
     if res.out_dir:
         w(f"\ntraces, system files, regions.csv and timeline.png written to {res.out_dir}\n")
+    return 0
+
+
+def _simulate_stages(args) -> int:
+    from ..pipeline_stages import StagedPipelineError, simulate_stages
+
+    if args.out:
+        raise StagedPipelineError("--pipeline stages keeps no traces yet: leave --out out")
+    res = simulate_stages(args.program, args.target, args.system, fidelity=args.fidelity, split=args.split,
+                          replay_backend=args.replay)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    w = sys.stdout.write
+    w(f"program       {res.program}  ({res.stages} stages x {res.replicas} replica{'s' if res.replicas > 1 else ''})\n")
+    w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split), each stage's own programs\n")
+    w(f"system        {res.system}   replay {res.replay_engine}\n")
+    w(f"schedule      {res.schedule}: {res.microbatches} microbatches a replica, {res.chunks} chunk"
+      f"{'s' if res.chunks > 1 else ''} a stage\n")
+    w(f"step time     {format_seconds(res.step_time_s)}   (the busiest stage idle {res.bubble:.1%} of it)\n")
+    for s, (busy, idle, flight, mem) in enumerate(zip(res.busy_s, res.idle, res.in_flight, res.memory)):
+        w(f"{'stages' if s == 0 else '':<14}stage {s}: busy {format_seconds(busy)} (idle {idle:.1%}), "
+          f"{flight} unit{'s' if flight != 1 else ''} in flight, {format_bytes(mem['peak'])} at the peak\n")
+    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak on the fullest stage; "
+      f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
+    w("units         " + ", ".join(f"{spec.rsplit('role=', 1)[-1].split('&')[0]} {format_seconds(t)}"
+                                   for spec, t in res.units.items()) + "\n")
+    for msg in res.warnings:
+        print(f"warning: {msg}", file=sys.stderr)
     return 0
 
 

@@ -51,6 +51,14 @@ parallelism (``cp``: the sequence split), expert parallelism (``ep``: the expert
 sent to their experts and back with all_to_all), fsdp and dp, pipeline stages (``pp``) outermost."""
 
 
+ROLE_KINDS = ("forward", "backward", "update")
+ROLE_PLACES = ("first", "middle", "last")
+ROLES = tuple(f"{kind}:{place}" for kind in ROLE_KINDS for place in ROLE_PLACES)
+"""What one pipeline stage runs (``role=KIND:PLACE``): a microbatch's ``forward`` or ``backward`` (the forward
+made again, then the gradients: as under remat=full) through ``layers`` layers, or the stage's optimizer
+``update``; the ``first`` stage embeds the tokens, the ``last`` takes the head and the loss, a ``middle`` one
+neither."""
+
 MESH_PARAMS = (
     ZooParam("mesh", str, "", "several of pp, dp, fsdp, ep, cp, tp at once, e.g. dp:16,tp:8 or pp:4,dp:4,tp:8 "
              "(their product is devices; tp innermost, pp outermost; cp splits the sequence, its attention "
@@ -75,6 +83,10 @@ MESH_PARAMS = (
              "their gradients and the optimizer state in f32 and computes in dtype=bf16 (a bf16 copy of the "
              "parameters made each step, as Megatron-LM and FSDP do); none: everything in dtype",
              choices=("none", "f32"), optional=True),
+    ZooParam("role", str, "", "one pipeline stage's own program on one device instead of the step: "
+             "forward:PLACE or backward:PLACE (one microbatch of batch sequences through layers layers) or "
+             "update:PLACE (the optimizer over a stage of layers layers), PLACE first (embeds), middle or last "
+             "(head and loss); empty: the whole step", choices=("", *ROLES), optional=True),
 )
 """The parameters of a family laid out on a mesh of several axes (llama, gpt): the mesh, microbatches, the
 pipeline schedule and activation recomputation, all left out of the canonical spec at their defaults."""
@@ -196,7 +208,14 @@ def pipeline_bubble(p: dict[str, Any], batch_key: str = "batch") -> float:
 def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "batch",
                  ep_dims: dict[str, int] | None = None) -> str | None:
     """A message when ``p`` cannot lay its step out: on its ``mesh`` (:func:`check_mesh`), else on ``devices``
-    shared as ``parallel`` says (:func:`check_parallel`) with its microbatches and recomputation."""
+    shared as ``parallel`` says (:func:`check_parallel`) with its microbatches and recomputation; a ``role``
+    program runs on one device, a backward or an update only in training."""
+    if p.get("role"):
+        if p["mesh"] or p.get("microbatch") or p.get("schedule", "gpipe") != "gpipe" or p.get("devices", 1) > 1:
+            return f"role={p['role']} is one stage's program on one device: leave mesh, devices, microbatch and schedule out"
+        if not p["role"].startswith("forward") and p.get("step") != "train":
+            return f"role={p['role']} belongs to a training step: give step=train"
+        return None
     if p["mesh"]:
         return check_mesh(p, tp_dims, batch_key, ep_dims)
     return (check_parallel(p, tp_dims, ep_dims, batch_key=batch_key)

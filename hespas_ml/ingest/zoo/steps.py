@@ -632,10 +632,106 @@ def export_step(model: LayeredModel, *, step: str, optimizer: str, devices: int,
     return export_jax(sharded, *args, name=name, argument_roles=roles)
 
 
+def _top_read_by(fn: Callable[[Any], Any], top: Shapes) -> list[str]:
+    """The names of the ``top`` parameters ``fn(top)`` reads (traced, not run)."""
+    closed = jax.make_jaxpr(fn)(top)
+    read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
+    names = [k for k, _ in sorted(top.items())]              # the order a dict's leaves are flattened in
+    return [k for k, v in zip(names, closed.jaxpr.invars) if id(v) in read]
+
+
+def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
+    """One pipeline stage's program on one device (``p["role"]``, :data:`~.checks.ROLES`), with ``model``'s
+    ``layers`` the stage's (or chunk's) layers and its batch one microbatch:
+
+    * ``forward:first`` (top, layers, tokens) -> activation; ``forward:middle`` (layers, activation, ctx) ->
+      activation; ``forward:last`` (top, layers, activation, ctx[, targets]) -> the loss (training) or the
+      output. ``ctx`` is what the embedding hands every block besides the activation (a transformer's
+      rotary tables), which a stage without the embedding takes as an argument.
+    * ``backward:PLACE``: the same arguments and the gradient of the activation it handed on (the last stage:
+      its loss's own) -> the gradients of its parameters and of the activation it took (not the first
+      stage's: tokens have none). The forward runs again inside it, as under remat=full; a stage keeps only
+      each microbatch's input in flight.
+    * ``update:PLACE`` (parameters, gradients, optimizer state) -> (parameters, optimizer state): the
+      optimizer step over the stage's parameters.
+
+    ``top`` is the part of the model's top parameters the place reads (the first stage the embedding's, the
+    last the head's and the loss's)."""
+    kind, place = p["role"].split(":")
+    train = p["step"] == "train"
+    scan = p.get("scan", False)
+    col = Collectives()
+    first, last = place == "first", place == "last"
+    inputs = model.inputs
+    embedded = jax.eval_shape(lambda t, i: model.embed(t, i, col), model.top, inputs)
+    activation, ctx = embedded
+    shapes = param_shapes(model, scan)
+    used = set()
+    if first:
+        used |= set(_top_read_by(lambda t: model.embed(t, inputs, col)[0], model.top))
+    if last:
+        def head_loss(t):
+            out = model.head(t, jnp.zeros(activation.shape, activation.dtype), ctx_zeros(), col)
+            return model.loss(out, jnp.zeros(model.targets.shape, model.targets.dtype), col) if train else out
+
+        def ctx_zeros():
+            return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), ctx)
+
+        used |= set(_top_read_by(head_loss, model.top))
+    top = {k: v for k, v in shapes["top"].items() if k in used}
+    layers = shapes["layers"]
+
+    def stage(top_p, layer_p, x, ctx_in, targets=None):
+        full_top = {**{k: None for k in model.top}, **top_p}
+        if first:
+            x, ctx_in = model.embed(full_top, x, col)
+        x = run_layers(model, layer_p, x, ctx_in, col, scan=scan)
+        if not last:
+            return x
+        out = model.head(full_top, x, ctx_in, col)
+        return model.loss(out, targets, col).astype(jnp.float32) if train else out
+
+    taken = inputs if first else activation
+    ctx_arg = () if first else (ctx,)
+    target_arg = (model.targets,) if last and train else ()
+    n_in = len(jax.tree.leaves(taken)) + len(jax.tree.leaves(ctx_arg)) + len(target_arg)
+    n_params = len(jax.tree.leaves(top)) + len(jax.tree.leaves(layers))
+    if kind == "forward":
+        def forward(top_p, layer_p, x, *rest):
+            return stage(top_p, layer_p, x, rest[0] if not first else None, *rest[len(ctx_arg):])
+
+        return export_jax(forward, top, layers, taken, *ctx_arg, *target_arg, name=name,
+                          argument_roles=[("parameters", n_params), ("activations", n_in)])
+    if kind == "backward":
+        def backward(top_p, layer_p, x, *rest):
+            c = rest[0] if not first else None
+            goal = rest[len(ctx_arg):len(ctx_arg) + len(target_arg)]
+            wrt = (top_p, layer_p) if first else (top_p, layer_p, x)
+            out, pull = jax.vjp(lambda *a: stage(*a[:2], a[2] if not first else x, c, *goal), *wrt)
+            seed = jnp.ones_like(out) if last else rest[-1]
+            return pull(seed.astype(out.dtype))
+
+        grad_in = () if last else (activation,)
+        return export_jax(backward, top, layers, taken, *ctx_arg, *target_arg, *grad_in, name=name,
+                          argument_roles=[("parameters", n_params), ("activations", n_in + len(grad_in))])
+    params = {"top": top, "layers": layers}
+    opt = opt_shapes(params, p["optimizer"])
+
+    def update(prm, grads, opt_state):
+        return apply_update(prm, grads, opt_state, p["optimizer"])
+
+    return export_jax(update, params, params, opt, name=name,
+                      argument_roles=[("parameters", n_params), ("gradients", n_params),
+                                      ("optimizer_state", len(jax.tree.leaves(opt)))])
+
+
 def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> str | bytes:
     """The step a zoo family's parameters ``p`` ask for (``step``, ``optimizer``, ``scan``; ``microbatch`` and
     ``remat`` where the family has them): on the mesh ``p`` names, else on ``devices`` shared as ``parallel``
-    says; the module is called ``zoo_<family>_<step>``."""
+    says; the module is called ``zoo_<family>_<step>``. With a ``role``, one pipeline stage's program
+    instead (:func:`export_role`), called ``zoo_<family>_<kind>_<place>``."""
+    if p.get("role"):
+        return export_role(model, p, f"zoo_{family}_{p['role'].replace(':', '_')}")
     name = f"zoo_{family}_{p['step']}"
     if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none" or p.get("sp") \
             or p.get("master", "none") != "none":
@@ -650,5 +746,5 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
 
 
 __all__ = ["REMAT", "LayeredModel", "apply_update", "argument_roles", "block_fn", "export_family_step",
-           "export_mesh_step", "export_step", "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes",
+           "export_mesh_step", "export_role", "export_step", "forward_fn", "layouts", "opt_shapes", "param_axes", "param_shapes",
            "pipeline_1f1b_fn", "pipeline_forward_fn", "run_layers"]

@@ -1,0 +1,222 @@
+"""A pipelined step simulated from its stages' own programs (``simulate --pipeline stages``).
+
+The default way through a pipelined zoo step (``mesh=pp:P,…``) is one SPMD program in which every stage
+runs every tick in lock-step. Here instead each distinct stage role is exported on its own, on one device,
+at one microbatch (the zoo's ``role`` parameter: the first stage's forward and backward embed the tokens,
+the last one's take the head and the loss, the ones between neither; each stage's optimizer update), and
+every role program goes through ingest, split and label as any program does. Their times become the units
+of the schedule (:mod:`hespas_ml.replay.schedules`): each stage runs its microbatches' forwards and
+backwards in the order GPipe, 1F1B or the interleaved schedule gives, hands activations on and gradients
+back with SEND/RECV nodes, all-reduces its gradients over its data-parallel replicas and updates; the
+replay runs every rank's trace, so the bubble, the messages and the exposed all-reduce are simulated.
+
+A backward unit runs its stage's forward again before the gradients (so training takes ``remat=full``),
+and a stage keeps each microbatch's input until its backward: 1F1B keeps P - s microbatches on stage s,
+GPipe all of them. Ranks are placed as the mesh says (pp outermost): rank = stage · D + replica for
+``mesh=pp:P,dp:D``. Other axes inside a stage (tp, fsdp, cp, ep) are not laid out this way yet.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .ingest.errors import HespasError
+from .ingest.zoo.checks import mesh_of, microbatch_count, schedule_chunks
+from .ingest.zoo.specs import canonical_spec, is_zoo_spec, parse_zoo_spec
+from .pipeline import Question, ingest, run
+from .replay import chakra as et
+from .replay import replay
+from .replay.schedules import StageWork, in_flight, schedule_traces, stage_order
+
+
+class StagedPipelineError(HespasError, ValueError):
+    """A program ``--pipeline stages`` cannot lay out (one line)."""
+
+
+@dataclass
+class StagedResult:
+    """One step of a pipeline from its stages' programs (see the module docstring). ``units``: each role
+    program's time (one microbatch, or one update) by its spec; per stage its ``busy_s`` (units and update),
+    its share of the step it has nothing to run (``idle``), the units it keeps in flight at its peak, and its
+    memory (``memory``: parameters, gradients, optimizer state, the microbatch inputs it keeps, the working
+    set of its largest unit, and their sum ``peak``)."""
+
+    program: str
+    target: str
+    fidelity: str
+    split: str
+    system: str
+    schedule: str
+    stages: int
+    chunks: int
+    microbatches: int
+    replicas: int
+    step_time_s: float
+    units: dict[str, float]
+    busy_s: list[float]
+    idle: list[float]
+    in_flight: list[int]
+    memory: list[dict[str, int]]
+    memory_capacity_bytes: float
+    replay_engine: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(m["peak"] for m in self.memory)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+    @property
+    def bubble(self) -> float:
+        """The share of the step the busiest stage has nothing to run."""
+        return min(self.idle)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "pipeline": "stages", "peak_memory_bytes": self.peak_memory_bytes,
+                "fits": self.fits, "bubble": self.bubble}
+
+
+def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofline", split: str = "fusion",
+                    replay_backend: str = "auto") -> StagedResult:
+    """Simulate one step of the pipelined zoo ``program`` from its stages' programs on ``system`` of
+    ``target`` devices, timing their regions with ``fidelity`` (see the module docstring)."""
+    family, p, stages, replicas, chunks, micro = _layout(program)
+    question = Question.resolve(None, target, system, fidelity=fidelity, split=split, replay=replay_backend)
+    if question.system is None or question.system.n_npus != stages * replicas:
+        raise StagedPipelineError(f"{program}: the system must have the {stages * replicas} devices of the mesh "
+                                  f"(give --system)")
+    train = p["step"] == "train"
+    schedule = p["schedule"].split(":")[0]
+    virtual = stages * chunks
+    unit = {**p, "mesh": "", "devices": 1, "microbatch": 0, "schedule": "gpipe", "remat": "none",
+            "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual}
+    place = ["first"] + ["middle"] * (virtual - 2) + ["last"]
+    stage_place = ["first"] + ["middle"] * (stages - 2) + ["last"]
+    runs: dict[str, Any] = {}
+
+    def timed(role: str, layers: int) -> Any:
+        spec = canonical_spec(family, {**unit, "role": role, "layers": layers})
+        if spec not in runs:
+            runs[spec] = run(Question(spec, question.target, question.fidelity, None, question.split))
+        return runs[spec]
+
+    forward = [timed(f"forward:{place[v]}", unit["layers"]) for v in range(virtual)]
+    backward = [timed(f"backward:{place[v]}", unit["layers"]) if train else None for v in range(virtual)]
+    updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
+    message = _output_bytes(next(iter(runs)))
+    work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
+    traces, groups = _traces(work, updates, schedule, stages, replicas, micro, chunks, train)
+    step = replay(traces, question.system, groups or None, backend=replay_backend)
+    orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
+    busy = []
+    for s in range(stages):
+        units = [forward[c * stages + s].step_time_s + (backward[c * stages + s].step_time_s if train else 0.0)
+                 for c in range(chunks)]
+        busy.append(micro * sum(units) + (updates[s].step_time_s if train else 0.0))
+    flight = [in_flight(order) if train else 0 for order in orders]
+    memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s], message) for s in range(stages)]
+    warnings = sorted({w for r in runs.values() for w in r.warnings})
+    capacity = float(question.target.mem_capacity)
+    return StagedResult(program, question.target.name, question.fidelity.name, question.split,
+                        question.system.source, p["schedule"], stages, chunks, micro, replicas, step.step_time_s,
+                        {spec: r.step_time_s for spec, r in runs.items()}, busy,
+                        [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
+                        step.details.get("engine", ""), warnings)
+
+
+def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int]:
+    """(family, parameters, stages, data-parallel replicas, chunks per stage, microbatches) of a zoo program
+    this module can lay out, else a one-line StagedPipelineError."""
+    if not is_zoo_spec(program):
+        raise StagedPipelineError(f"{program}: --pipeline stages lays out zoo programs (a .mlir file is one "
+                                  f"program already)")
+    try:
+        family, p = parse_zoo_spec(program)
+    except ValueError as exc:
+        raise StagedPipelineError(str(exc)) from None
+    if "role" not in p:
+        raise StagedPipelineError(f"{program}: the {family} family has no pipeline stages")
+    if p["role"]:
+        raise StagedPipelineError(f"{program}: give the whole step (leave role out)")
+    mesh = mesh_of(p)
+    stages = mesh.get("pp", 1)
+    if stages < 2:
+        raise StagedPipelineError(f"{program}: --pipeline stages needs a pipeline (mesh=pp:P with P ≥ 2)")
+    inside = sorted(a for a, n in mesh.items() if n > 1 and a not in ("pp", "dp"))
+    if inside:
+        raise StagedPipelineError(f"{program}: --pipeline stages lays out pp and dp; {', '.join(inside)} inside "
+                                  f"a stage is not handled (use the default lock-step pipeline)")
+    if p["step"] == "train" and p.get("remat", "none") != "full":
+        raise StagedPipelineError(f"{program}: a stage's backward runs its forward again (--pipeline stages): "
+                                  f"give remat=full")
+    if p.get("sp") or p.get("master", "none") != "none":
+        raise StagedPipelineError(f"{program}: --pipeline stages does not handle sp or master weights")
+    try:
+        chunks = schedule_chunks(p.get("schedule", "gpipe"))
+    except ValueError as exc:
+        raise StagedPipelineError(f"{program}: {exc}") from None
+    replicas = mesh.get("dp", 1)
+    micro = microbatch_count(p, mesh)
+    if p["layers"] % (stages * chunks):
+        raise StagedPipelineError(f"{program}: {stages} stages of {chunks} chunks do not divide layers "
+                                  f"{p['layers']}")
+    if chunks > 1 and micro % stages:
+        raise StagedPipelineError(f"{program}: the interleaved schedule takes microbatches {stages} at a time: "
+                                  f"{micro} microbatches are not a multiple of {stages} stages")
+    return family, p, stages, replicas, chunks, micro
+
+
+def _output_bytes(spec: str) -> int:
+    """The activation a forward role program hands on (what it returns), per microbatch."""
+    graph = ingest(spec)
+    return sum(t.nbytes for op in graph.outputs for t in graph.ops[op].result_types) or 1
+
+
+def _traces(work, updates, schedule, stages, replicas, micro, chunks, train):
+    """Every rank's trace (rank = stage · replicas + replica) and the data-parallel groups."""
+    per_stage = schedule_traces(work, schedule, micro, chunks, train=train)
+    groups = {s + 1: [s * replicas + d for d in range(replicas)] for s in range(stages)} if replicas > 1 else {}
+    traces = []
+    for s, nodes in enumerate(per_stage):
+        for d in range(replicas):
+            mine = []
+            for n in nodes:
+                attrs = dict(n.attrs)
+                if "comm_src" in attrs:
+                    attrs["comm_src"] = attrs["comm_src"] * replicas + d
+                    attrs["comm_dst"] = attrs["comm_dst"] * replicas + d
+                mine.append(et.EtNode(n.id, n.name, n.type, list(n.data_deps), list(n.ctrl_deps), n.duration_micros,
+                                      attrs))
+            if train:
+                last = max(n.id for n in mine if n.type == et.COMP_NODE)
+                nid = len(mine)
+                grads = int(updates[s].memory.get("gradients", 0))
+                if replicas > 1 and grads:
+                    mine.append(et.EtNode(nid, f"grads_stage{s}", et.COMM_COLL_NODE, [last], [], 0,
+                                          {"comm_type": et.ALL_REDUCE, "comm_size": grads, "pg_name": str(s + 1)}))
+                    last, nid = nid, nid + 1
+                mine.append(et.EtNode(nid, f"update_stage{s}", et.COMP_NODE, [last], [],
+                                      int(round(updates[s].step_time_s * 1e6)), {"num_ops": 1, "tensor_size": grads or 1}))
+            traces.append(mine)
+    return traces, groups
+
+
+def _stage_memory(s, stages, chunks, forward, backward, updates, flight, message) -> dict[str, int]:
+    """Stage ``s``'s memory at its peak: its parameters, gradients and optimizer state (its update program's
+    arguments; inference: its forwards' parameters), the inputs of the units it keeps in flight, and the
+    largest working set among its units (a unit program's peak less its parameters)."""
+    units = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r is not None]
+    working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) for r in units)
+    if updates[s] is not None:
+        fixed = {k: int(updates[s].memory.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state")}
+    else:
+        fixed = {"parameters": sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks)),
+                 "gradients": 0, "optimizer_state": 0}
+    kept = flight * message
+    return {**fixed, "kept_inputs": kept, "working": working, "peak": sum(fixed.values()) + kept + working}
+
+
+__all__ = ["StagedPipelineError", "StagedResult", "simulate_stages"]

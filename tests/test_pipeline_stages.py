@@ -1,0 +1,105 @@
+"""A pipelined step from its stages' own programs (``simulate --pipeline stages``): the role programs the zoo
+exports, and the step their schedule gives when replayed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hespas_ml import simulate
+from hespas_ml.cli.main import main
+from hespas_ml.costs import graph_cost
+from hespas_ml.ingest.errors import IngestError
+from hespas_ml.ingest.zoo import parse_zoo_spec
+from hespas_ml.pipeline import ingest
+from hespas_ml.pipeline_stages import StagedPipelineError, simulate_stages
+from tests.conftest import readme_command
+
+pytestmark = pytest.mark.slow   # exports programs
+
+TINY = "zoo:llama?layers={layers}&d_model=64&heads=2&vocab=256&seq=32&step={step}"
+TRAIN = TINY.format(layers=8, step="train") + "&batch=8&remat=full&scan=true"
+SYSTEM = "switch:4x450"
+CARD = "L4"      # a slow card: the tiny model's units take tens of µs, well above a message's µs
+
+
+def test_the_stage_programs_add_up_to_the_model():
+    """One microbatch forward: the first stage's layer, two middle ones and the last stage's layer do the
+    FLOPs of the whole 4-layer model, exactly; a backward does its forward again and about twice more."""
+    unit = TINY.format(layers=1, step="infer") + "&batch=2"
+    flops = {role: graph_cost(ingest(f"{unit}&role=forward:{role}"))["flops"] for role in ("first", "middle", "last")}
+    whole = graph_cost(ingest(TINY.format(layers=4, step="infer") + "&batch=2"))["flops"]
+    assert flops["first"] + 2 * flops["middle"] + flops["last"] == whole
+    train = TINY.format(layers=1, step="train") + "&batch=2"
+    forward, backward = (graph_cost(ingest(f"{train}&role={k}:middle"))["flops"] for k in ("forward", "backward"))
+    assert 2.5 < backward / forward < 3.5
+    update = ingest(f"{train}&optimizer=adam&role=update:last")
+    assert set(update.input_roles) == {"parameters", "gradients", "optimizer_state"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("&step=train&batch=2&role=update:first&devices=2&mesh=dp:2", "is one stage's program on one device"),
+    ("&step=infer&batch=2&role=backward:middle", "belongs to a training step"),
+])
+def test_a_role_program_that_cannot_be_is_one_line(extra, message):
+    with pytest.raises((IngestError, ValueError), match=message) as err:
+        parse_zoo_spec(TINY.format(layers=1, step="x").replace("&step=x", "") + extra)
+    assert "\n" not in str(err.value)
+
+
+def test_schedules_replayed_from_the_stages_programs():
+    """mesh=pp:4, 8 microbatches: GPipe and 1F1B take the same time, 1F1B holds P - s microbatches on stage s
+    where GPipe holds all 8 (and no more memory), interleaving two chunks a stage shortens the bubble; every
+    stage is busy 8 forwards and backwards and its update, the busiest idle for (P - 1) units' worth."""
+    spec = f"{TRAIN}&mesh=pp:4&devices=4&microbatch=1"
+    runs = {s: simulate_stages(f"{spec}&schedule={s}", CARD, SYSTEM) for s in ("gpipe", "1f1b", "interleaved:2")}
+    gpipe, one, inter = runs["gpipe"], runs["1f1b"], runs["interleaved:2"]
+    assert one.step_time_s == pytest.approx(gpipe.step_time_s, rel=0.01)
+    assert gpipe.in_flight == [8] * 4 and one.in_flight == [4, 3, 2, 1]
+    assert all(o["peak"] <= g["peak"] for o, g in zip(one.memory, gpipe.memory))
+    assert one.memory[0]["kept_inputs"] == 4 * one.memory[3]["kept_inputs"] > 0
+    assert inter.step_time_s < one.step_time_s and inter.bubble < one.bubble
+    unit = {spec.split("role=")[1]: t for spec, t in one.units.items()}
+    middle = unit["forward:middle"] + unit["backward:middle"]
+    assert one.busy_s[1] == pytest.approx(8 * middle + unit["update:middle"])
+    assert one.step_time_s >= max(one.busy_s) and one.bubble == pytest.approx(1 - max(one.busy_s) / one.step_time_s)
+    assert one.bubble > 0.5 * 3 / (8 + 3)
+    # each unit is the role program's own simulated time
+    role_spec = next(s for s in one.units if s.endswith("role=backward:middle"))
+    assert simulate(role_spec, target=CARD).step_time_s == one.units[role_spec]
+
+
+def test_data_parallel_replicas_all_reduce_their_stage_gradients():
+    spec = f"{TRAIN}&mesh=pp:2,dp:2&devices=4&microbatch=2&schedule=1f1b"
+    fast = simulate_stages(spec, "H100", "switch:2x450,switch:2x450")
+    slow = simulate_stages(spec, "H100", "switch:2x1,switch:2x450")       # the replicas 1 GB/s apart
+    assert fast.replicas == 2 and fast.microbatches == 2
+    assert slow.step_time_s > fast.step_time_s
+    assert slow.busy_s == fast.busy_s
+
+
+def test_simulate_pipeline_stages_prints_and_says_why_not(capsys):
+    spec = f"{TRAIN}&mesh=pp:2&devices=2&microbatch=2&schedule=1f1b"
+    assert main(["simulate", spec, "--system", "switch:2x450", "--pipeline", "stages", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pipeline"] == "stages" and data["stages"] == 2 and data["in_flight"] == [2, 1] and data["fits"]
+    assert main(["simulate", spec, "--system", "switch:2x450", "--pipeline", "stages"]) == 0
+    out = capsys.readouterr().out
+    assert "each stage's own programs" in out and "stage 1: busy" in out
+    for bad, why in ((spec.replace("&remat=full", ""), "give remat=full"),
+                     (spec.replace("mesh=pp:2", "mesh=pp:2,tp:2").replace("devices=2", "devices=4"),
+                      "tp inside a stage is not handled"),
+                     ("zoo:mlp?layers=2", "the mlp family has no pipeline stages")):
+        assert main(["simulate", bad, "--system", "switch:2x450", "--pipeline", "stages"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1
+    with pytest.raises(StagedPipelineError, match="needs a pipeline"):
+        simulate_stages(f"{TRAIN}&mesh=dp:2&devices=2", "H100", "switch:2x450")
+
+
+def test_the_readmes_pipeline_stages_line(capsys):
+    command = readme_command("hespas-ml simulate 'zoo:llama?layers=8&d_model=256&heads=4&vocab=1024&seq=128")
+    assert command[-2:] == ["--pipeline", "stages"]
+    assert main([*command, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["replicas"] == 2 and data["in_flight"] == [4, 3, 2, 1] and 0 < data["bubble"] < 1
