@@ -2,7 +2,8 @@
 
 The default way through a pipelined zoo step (``mesh=pp:P,…``) is one SPMD program in which every stage
 runs every tick in lock-step. Here instead each distinct stage role is exported on its own, on one device,
-at one microbatch (the zoo's ``role`` parameter: the first stage's forward and backward embed the tokens,
+at one microbatch, on one device or on the stage's tensor-parallel group (the zoo's ``role`` parameter: the
+first stage's forward and backward embed the tokens,
 the last one's take the head and the loss, the ones between neither; each stage's optimizer update), and
 every role program goes through ingest, split and label as any program does. Their times become the units
 of the schedule (:mod:`hespas_ml.replay.schedules`): each stage runs its microbatches' forwards and
@@ -12,8 +13,11 @@ replay runs every rank's trace, so the bubble, the messages and the exposed all-
 
 A backward unit runs its stage's forward again before the gradients (so training takes ``remat=full``),
 and a stage keeps each microbatch's input until its backward: 1F1B keeps P - s microbatches on stage s,
-GPipe all of them. Ranks are placed as the mesh says (pp outermost): rank = stage · D + replica for
-``mesh=pp:P,dp:D``. Other axes inside a stage (tp, fsdp, cp, ep) are not laid out this way yet.
+GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
+replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a tp group is replayed on the system's first T NPUs
+(its tp all-reduces inside its time); the schedule's messages go from each device to the same tp rank of
+the next stage, and the gradient all-reduce runs over the replicas of each tp rank. fsdp, cp and ep inside
+a stage, and sequence parallelism, are not laid out this way yet.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from .pipeline import Question, ingest, run
 from .replay import chakra as et
 from .replay import replay
 from .replay.schedules import StageWork, in_flight, schedule_traces, stage_order
+from .replay.system import leading_system
 
 
 class StagedPipelineError(HespasError, ValueError):
@@ -51,6 +56,7 @@ class StagedResult:
     chunks: int
     microbatches: int
     replicas: int
+    tp: int
     step_time_s: float
     units: dict[str, float]
     busy_s: list[float]
@@ -83,15 +89,17 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                     replay_backend: str = "auto") -> StagedResult:
     """Simulate one step of the pipelined zoo ``program`` from its stages' programs on ``system`` of
     ``target`` devices, timing their regions with ``fidelity`` (see the module docstring)."""
-    family, p, stages, replicas, chunks, micro = _layout(program)
+    family, p, stages, replicas, tp, chunks, micro = _layout(program)
     question = Question.resolve(None, target, system, fidelity=fidelity, split=split, replay=replay_backend)
-    if question.system is None or question.system.n_npus != stages * replicas:
-        raise StagedPipelineError(f"{program}: the system must have the {stages * replicas} devices of the mesh "
-                                  f"(give --system)")
+    if question.system is None or question.system.n_npus != stages * replicas * tp:
+        raise StagedPipelineError(f"{program}: the system must have the {stages * replicas * tp} devices of the "
+                                  f"mesh (give --system)")
+    group = leading_system(question.system, tp)
     train = p["step"] == "train"
     schedule = p["schedule"].split(":")[0]
     virtual = stages * chunks
-    unit = {**p, "mesh": "", "devices": 1, "microbatch": 0, "schedule": "gpipe", "remat": "none",
+    unit = {**p, "mesh": f"tp:{tp}" if tp > 1 else "", "devices": tp, "microbatch": 0, "schedule": "gpipe",
+            "remat": "none",
             "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual}
     place = ["first"] + ["middle"] * (virtual - 2) + ["last"]
     stage_place = ["first"] + ["middle"] * (stages - 2) + ["last"]
@@ -100,7 +108,8 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     def timed(role: str, layers: int) -> Any:
         spec = canonical_spec(family, {**unit, "role": role, "layers": layers})
         if spec not in runs:
-            runs[spec] = run(Question(spec, question.target, question.fidelity, None, question.split))
+            runs[spec] = run(Question(spec, question.target, question.fidelity, group, question.split,
+                                      question.replay))
         return runs[spec]
 
     forward = [timed(f"forward:{place[v]}", unit["layers"]) for v in range(virtual)]
@@ -108,7 +117,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
     message = _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
-    traces, groups = _traces(work, updates, schedule, stages, replicas, micro, chunks, train)
+    traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
     step = replay(traces, question.system, groups or None, backend=replay_backend)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy = []
@@ -121,15 +130,15 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     warnings = sorted({w for r in runs.values() for w in r.warnings})
     capacity = float(question.target.mem_capacity)
     return StagedResult(program, question.target.name, question.fidelity.name, question.split,
-                        question.system.source, p["schedule"], stages, chunks, micro, replicas, step.step_time_s,
+                        question.system.source, p["schedule"], stages, chunks, micro, replicas, tp, step.step_time_s,
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
                         step.details.get("engine", ""), warnings)
 
 
-def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int]:
-    """(family, parameters, stages, data-parallel replicas, chunks per stage, microbatches) of a zoo program
-    this module can lay out, else a one-line StagedPipelineError."""
+def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]:
+    """(family, parameters, stages, data-parallel replicas, tp group size, chunks per stage, microbatches) of
+    a zoo program this module can lay out, else a one-line StagedPipelineError."""
     if not is_zoo_spec(program):
         raise StagedPipelineError(f"{program}: --pipeline stages lays out zoo programs (a .mlir file is one "
                                   f"program already)")
@@ -145,10 +154,10 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int]:
     stages = mesh.get("pp", 1)
     if stages < 2:
         raise StagedPipelineError(f"{program}: --pipeline stages needs a pipeline (mesh=pp:P with P ≥ 2)")
-    inside = sorted(a for a, n in mesh.items() if n > 1 and a not in ("pp", "dp"))
+    inside = sorted(a for a, n in mesh.items() if n > 1 and a not in ("pp", "dp", "tp"))
     if inside:
-        raise StagedPipelineError(f"{program}: --pipeline stages lays out pp and dp; {', '.join(inside)} inside "
-                                  f"a stage is not handled (use the default lock-step pipeline)")
+        raise StagedPipelineError(f"{program}: --pipeline stages lays out pp, dp and tp; {', '.join(inside)} "
+                                  f"inside a stage is not handled (use the default lock-step pipeline)")
     if p["step"] == "train" and p.get("remat", "none") != "full":
         raise StagedPipelineError(f"{program}: a stage's backward runs its forward again (--pipeline stages): "
                                   f"give remat=full")
@@ -166,7 +175,7 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int]:
     if chunks > 1 and micro % stages:
         raise StagedPipelineError(f"{program}: the interleaved schedule takes microbatches {stages} at a time: "
                                   f"{micro} microbatches are not a multiple of {stages} stages")
-    return family, p, stages, replicas, chunks, micro
+    return family, p, stages, replicas, mesh.get("tp", 1), chunks, micro
 
 
 def _output_bytes(spec: str) -> int:
@@ -175,33 +184,47 @@ def _output_bytes(spec: str) -> int:
     return sum(t.nbytes for op in graph.outputs for t in graph.ops[op].result_types) or 1
 
 
-def _traces(work, updates, schedule, stages, replicas, micro, chunks, train):
-    """Every rank's trace (rank = stage · replicas + replica) and the data-parallel groups."""
+def _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train):
+    """Every rank's trace (rank = (stage · replicas + replica) · tp + t) and the data-parallel groups (one
+    per stage and tp rank)."""
     per_stage = schedule_traces(work, schedule, micro, chunks, train=train)
-    groups = {s + 1: [s * replicas + d for d in range(replicas)] for s in range(stages)} if replicas > 1 else {}
+
+    def rank(s: int, d: int, t: int) -> int:
+        return (s * replicas + d) * tp + t
+
+    groups = {s * tp + t + 1: [rank(s, d, t) for d in range(replicas)] for s in range(stages) for t in range(tp)} \
+        if replicas > 1 else {}
     traces = []
     for s, nodes in enumerate(per_stage):
-        for d in range(replicas):
+        for d, t in ((d, t) for d in range(replicas) for t in range(tp)):
             mine = []
             for n in nodes:
                 attrs = dict(n.attrs)
                 if "comm_src" in attrs:
-                    attrs["comm_src"] = attrs["comm_src"] * replicas + d
-                    attrs["comm_dst"] = attrs["comm_dst"] * replicas + d
+                    attrs["comm_src"] = rank(attrs["comm_src"], d, t)
+                    attrs["comm_dst"] = rank(attrs["comm_dst"], d, t)
                 mine.append(et.EtNode(n.id, n.name, n.type, list(n.data_deps), list(n.ctrl_deps), n.duration_micros,
                                       attrs))
             if train:
-                last = max(n.id for n in mine if n.type == et.COMP_NODE)
-                nid = len(mine)
-                grads = int(updates[s].memory.get("gradients", 0))
-                if replicas > 1 and grads:
-                    mine.append(et.EtNode(nid, f"grads_stage{s}", et.COMM_COLL_NODE, [last], [], 0,
-                                          {"comm_type": et.ALL_REDUCE, "comm_size": grads, "pg_name": str(s + 1)}))
-                    last, nid = nid, nid + 1
-                mine.append(et.EtNode(nid, f"update_stage{s}", et.COMP_NODE, [last], [],
-                                      int(round(updates[s].step_time_s * 1e6)), {"num_ops": 1, "tensor_size": grads or 1}))
+                mine += _update_nodes(mine, updates[s], s, str(s * tp + t + 1) if replicas > 1 else None)
             traces.append(mine)
     return traces, groups
+
+
+def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None) -> list[et.EtNode]:
+    """After a stage's last unit: its gradients all-reduced over ``group`` (its replicas; None: none), then
+    its optimizer update."""
+    last = max(n.id for n in nodes if n.type == et.COMP_NODE)
+    nid = len(nodes)
+    grads = int(update.memory.get("gradients", 0))
+    out = []
+    if group is not None and grads:
+        out.append(et.EtNode(nid, f"grads_stage{stage}", et.COMM_COLL_NODE, [last], [], 0,
+                             {"comm_type": et.ALL_REDUCE, "comm_size": grads, "pg_name": group}))
+        last, nid = nid, nid + 1
+    out.append(et.EtNode(nid, f"update_stage{stage}", et.COMP_NODE, [last], [], int(round(update.step_time_s * 1e6)),
+                         {"num_ops": 1, "tensor_size": grads or 1}))
+    return out
 
 
 def _stage_memory(s, stages, chunks, forward, backward, updates, flight, message) -> dict[str, int]:

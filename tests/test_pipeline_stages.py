@@ -38,7 +38,9 @@ def test_the_stage_programs_add_up_to_the_model():
 
 
 @pytest.mark.parametrize("extra, message", [
-    ("&step=train&batch=2&role=update:first&devices=2&mesh=dp:2", "is one stage's program on one device"),
+    ("&step=train&batch=2&role=update:first&devices=2&mesh=dp:2", "its mesh takes tp alone, not dp"),
+    ("&step=train&batch=2&role=update:first&devices=2", "give mesh=tp:T for 2 devices"),
+    ("&step=train&batch=4&role=forward:first&microbatch=2", "at one microbatch: leave microbatch and schedule out"),
     ("&step=infer&batch=2&role=backward:middle", "belongs to a training step"),
 ])
 def test_a_role_program_that_cannot_be_is_one_line(extra, message):
@@ -78,6 +80,24 @@ def test_data_parallel_replicas_all_reduce_their_stage_gradients():
     assert slow.busy_s == fast.busy_s
 
 
+def test_a_stage_on_a_tensor_parallel_group():
+    """mesh=pp:2,dp:2,tp:2: each unit runs on its tp pair (half the weights, all-reduces inside it, replayed on
+    the system's first two NPUs), so a unit costs less compute and more communication as the tp link slows."""
+    from hespas_ml.pipeline import ingest as read
+
+    spec = f"{TRAIN}&mesh=pp:2,dp:2,tp:2&devices=8&microbatch=2&schedule=1f1b"
+    near = simulate_stages(spec, CARD, "switch:2x450,switch:4x50")
+    far = simulate_stages(spec, CARD, "switch:2x5,switch:4x50")
+    assert near.tp == 2 and near.replicas == 2
+    role = next(s for s in near.units if s.endswith("role=backward:last"))
+    program = read(role)
+    assert program.n_devices == 2 and any(op.kind == "all_reduce" for op in program.ops)
+    one = simulate_stages(f"{TRAIN}&mesh=pp:2,dp:2&devices=4&microbatch=2&schedule=1f1b", CARD,
+                          "switch:2x450,switch:2x50")
+    assert near.memory[0]["parameters"] < one.memory[0]["parameters"]
+    assert far.units[role] > near.units[role] and far.step_time_s > near.step_time_s
+
+
 def test_simulate_pipeline_stages_prints_and_says_why_not(capsys):
     spec = f"{TRAIN}&mesh=pp:2&devices=2&microbatch=2&schedule=1f1b"
     assert main(["simulate", spec, "--system", "switch:2x450", "--pipeline", "stages", "--json"]) == 0
@@ -87,8 +107,8 @@ def test_simulate_pipeline_stages_prints_and_says_why_not(capsys):
     out = capsys.readouterr().out
     assert "each stage's own programs" in out and "stage 1: busy" in out
     for bad, why in ((spec.replace("&remat=full", ""), "give remat=full"),
-                     (spec.replace("mesh=pp:2", "mesh=pp:2,tp:2").replace("devices=2", "devices=4"),
-                      "tp inside a stage is not handled"),
+                     (spec.replace("mesh=pp:2", "mesh=pp:2,fsdp:2").replace("devices=2", "devices=4"),
+                      "fsdp inside a stage is not handled"),
                      ("zoo:mlp?layers=2", "the mlp family has no pipeline stages")):
         assert main(["simulate", bad, "--system", "switch:2x450", "--pipeline", "stages"]) == 2
         err = capsys.readouterr().err.strip()

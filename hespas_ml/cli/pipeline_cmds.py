@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
                    help="a pipelined zoo step (mesh=pp:P,…): one SPMD program whose stages run in lock-step "
                         "(lockstep, the default), or each stage's own programs replayed in its schedule's order "
-                        "(stages: pp and dp meshes, remat=full for training)")
+                        "(stages: pp, dp and tp meshes, remat=full for training)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
 
@@ -157,7 +157,8 @@ def _simulate_stages(args) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     w = sys.stdout.write
-    w(f"program       {res.program}  ({res.stages} stages x {res.replicas} replica{'s' if res.replicas > 1 else ''})\n")
+    w(f"program       {res.program}  ({res.stages} stages x {res.replicas} replica{'s' if res.replicas > 1 else ''}"
+      f"{f' x tp {res.tp}' if res.tp > 1 else ''})\n")
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split), each stage's own programs\n")
     w(f"system        {res.system}   replay {res.replay_engine}\n")
     w(f"schedule      {res.schedule}: {res.microbatches} microbatches a replica, {res.chunks} chunk"

@@ -299,6 +299,37 @@ def load_system(spec: str | Path, *, local_mem_bw_gbps: float | None = None) -> 
     return SystemConfig(dims, system, {"memory-type": "NO_MEMORY_EXPANSION"}, text)
 
 
+def leading_system(cfg: SystemConfig, npus: int) -> SystemConfig | None:
+    """The system that ``cfg``'s first ``npus`` ranks make up: its innermost dimensions, the last of them cut
+    to what is left of ``npus`` where they end inside it (its topology, bandwidth and latency kept), the
+    per-dimension collective implementations cut to match; None for one rank. A SystemConfigError (one
+    line) when ``npus`` ranks do not make whole groups of the dimensions."""
+    dims: list[NetworkDim] = []
+    left = npus
+    for dim in cfg.dims:
+        if left == 1:
+            break
+        if left % dim.npus == 0:
+            take = dim.npus
+        elif dim.npus % left == 0:
+            take = left
+        else:
+            raise SystemConfigError(f"{cfg.source}: its first {npus} NPUs do not make whole groups of its "
+                                    f"dimensions ({' x '.join(str(d.npus) for d in cfg.dims)})")
+        dims.append(NetworkDim(dim.topology, take, dim.bandwidth_gbps, dim.latency_ns))
+        left //= take
+    if left != 1:
+        raise SystemConfigError(f"{cfg.source}: has {cfg.n_npus} NPUs, fewer than {npus}")
+    if not dims:
+        return None
+    system = dict(cfg.system)
+    for key in IMPLEMENTATION_KEYS.values():
+        if isinstance(system.get(key), list):
+            system[key] = list(system[key])[:len(dims)]
+    shown = ",".join(f"{d.topology.lower()}:{d.npus}x{d.bandwidth_gbps:g}" for d in dims)
+    return SystemConfig(dims, system, dict(cfg.remote_memory), f"{shown} (the first {npus} NPUs of {cfg.source})")
+
+
 def network_yaml(dims: list[NetworkDim]) -> str:
     """Text of an analytical network file (flow lists, floats written exactly)."""
     def flow(items: list[Any]) -> str:

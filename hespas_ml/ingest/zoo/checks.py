@@ -209,13 +209,24 @@ def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "b
                  ep_dims: dict[str, int] | None = None) -> str | None:
     """A message when ``p`` cannot lay its step out: on its ``mesh`` (:func:`check_mesh`), else on ``devices``
     shared as ``parallel`` says (:func:`check_parallel`) with its microbatches and recomputation; a ``role``
-    program runs on one device, a backward or an update only in training."""
+    program runs on one device or a tensor-parallel group (``mesh=tp:T``), a backward or an update only in
+    training."""
     if p.get("role"):
-        if p["mesh"] or p.get("microbatch") or p.get("schedule", "gpipe") != "gpipe" or p.get("devices", 1) > 1:
-            return f"role={p['role']} is one stage's program on one device: leave mesh, devices, microbatch and schedule out"
+        if p.get("microbatch") or p.get("schedule", "gpipe") != "gpipe":
+            return f"role={p['role']} is one stage's program at one microbatch: leave microbatch and schedule out"
         if not p["role"].startswith("forward") and p.get("step") != "train":
             return f"role={p['role']} belongs to a training step: give step=train"
-        return None
+        if not p["mesh"]:
+            return (f"role={p['role']} runs on one device or on a stage's tensor-parallel group: give mesh=tp:T "
+                    f"for {p['devices']} devices") if p.get("devices", 1) > 1 else None
+        try:
+            inside = set(parse_mesh(p["mesh"])) - {"tp"}
+        except ValueError as exc:
+            return str(exc)
+        if inside:
+            return (f"role={p['role']} runs on one stage's tensor-parallel group: its mesh takes tp alone, not "
+                    f"{', '.join(sorted(inside))}")
+        return check_mesh(p, tp_dims, batch_key, ep_dims)
     if p["mesh"]:
         return check_mesh(p, tp_dims, batch_key, ep_dims)
     return (check_parallel(p, tp_dims, ep_dims, batch_key=batch_key)

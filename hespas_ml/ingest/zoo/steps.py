@@ -641,8 +641,10 @@ def _top_read_by(fn: Callable[[Any], Any], top: Shapes) -> list[str]:
 
 
 def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
-    """One pipeline stage's program on one device (``p["role"]``, :data:`~.checks.ROLES`), with ``model``'s
-    ``layers`` the stage's (or chunk's) layers and its batch one microbatch:
+    """One pipeline stage's program (``p["role"]``, :data:`~.checks.ROLES`) on one device, or with
+    ``mesh=tp:T`` on the stage's tensor-parallel group (shard_map: the weights split as Megatron splits them,
+    the activations whole on every device), with ``model``'s ``layers`` the stage's (or chunk's) layers and
+    its batch one microbatch:
 
     * ``forward:first`` (top, layers, tokens) -> activation; ``forward:middle`` (layers, activation, ctx) ->
       activation; ``forward:last`` (top, layers, activation, ctx[, targets]) -> the loss (training) or the
@@ -660,19 +662,19 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     kind, place = p["role"].split(":")
     train = p["step"] == "train"
     scan = p.get("scan", False)
-    col = Collectives()
+    one = Collectives()                        # shapes and what is read are the same on a tp group
     first, last = place == "first", place == "last"
     inputs = model.inputs
-    embedded = jax.eval_shape(lambda t, i: model.embed(t, i, col), model.top, inputs)
+    embedded = jax.eval_shape(lambda t, i: model.embed(t, i, one), model.top, inputs)
     activation, ctx = embedded
     shapes = param_shapes(model, scan)
     used = set()
     if first:
-        used |= set(_top_read_by(lambda t: model.embed(t, inputs, col)[0], model.top))
+        used |= set(_top_read_by(lambda t: model.embed(t, inputs, one)[0], model.top))
     if last:
         def head_loss(t):
-            out = model.head(t, jnp.zeros(activation.shape, activation.dtype), ctx_zeros(), col)
-            return model.loss(out, jnp.zeros(model.targets.shape, model.targets.dtype), col) if train else out
+            out = model.head(t, jnp.zeros(activation.shape, activation.dtype), ctx_zeros(), one)
+            return model.loss(out, jnp.zeros(model.targets.shape, model.targets.dtype), one) if train else out
 
         def ctx_zeros():
             return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), ctx)
@@ -680,6 +682,26 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
         used |= set(_top_read_by(head_loss, model.top))
     top = {k: v for k, v in shapes["top"].items() if k in used}
     layers = shapes["layers"]
+    tp = mesh_of(p).get("tp", 1)
+    col = Collectives("mesh", tp, {}, mesh_axes={"tp": "tp"}) if tp > 1 else one
+    if tp > 1:                                 # Megatron's split of the weights; activations whole on every device
+        tp_layout = _mesh_layouts(model, {"tp": tp})[0]
+        specs = _mesh_specs(shapes, tp=param_axes(model, tp_layout, scan))
+        top_spec = {k: v for k, v in specs["top"].items() if k in used}
+        layer_spec = specs["layers"]
+    else:
+        top_spec = layer_spec = None
+
+    def export(fn, args, arg_specs, out_specs, roles):
+        """``fn`` exported on one device, or inside shard_map over the stage's tp group."""
+        if tp == 1:
+            return export_jax(fn, *args, name=name, argument_roles=roles)
+        sharded = jax.shard_map(fn, mesh=AbstractMesh((tp,), ("tp",)), in_specs=arg_specs, out_specs=out_specs,
+                                check_vma=False)
+        return export_jax(sharded, *args, name=name, argument_roles=roles)
+
+    def whole(tree):
+        return jax.tree.map(lambda _: P(), tree)
 
     def stage(top_p, layer_p, x, ctx_in, targets=None):
         full_top = {**{k: None for k in model.top}, **top_p}
@@ -696,12 +718,14 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     target_arg = (model.targets,) if last and train else ()
     n_in = len(jax.tree.leaves(taken)) + len(jax.tree.leaves(ctx_arg)) + len(target_arg)
     n_params = len(jax.tree.leaves(top)) + len(jax.tree.leaves(layers))
+    rest_specs = whole((taken, *ctx_arg, *target_arg))
     if kind == "forward":
         def forward(top_p, layer_p, x, *rest):
             return stage(top_p, layer_p, x, rest[0] if not first else None, *rest[len(ctx_arg):])
 
-        return export_jax(forward, top, layers, taken, *ctx_arg, *target_arg, name=name,
-                          argument_roles=[("parameters", n_params), ("activations", n_in)])
+        out_spec = P(None, None, "tp") if last and not train else P()    # the output: vocab-split logits
+        return export(forward, (top, layers, taken, *ctx_arg, *target_arg), (top_spec, layer_spec, *rest_specs),
+                      out_spec, [("parameters", n_params), ("activations", n_in)])
     if kind == "backward":
         def backward(top_p, layer_p, x, *rest):
             c = rest[0] if not first else None
@@ -712,17 +736,20 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
             return pull(seed.astype(out.dtype))
 
         grad_in = () if last else (activation,)
-        return export_jax(backward, top, layers, taken, *ctx_arg, *target_arg, *grad_in, name=name,
-                          argument_roles=[("parameters", n_params), ("activations", n_in + len(grad_in))])
+        out_specs = (top_spec, layer_spec) if first else (top_spec, layer_spec, P())
+        return export(backward, (top, layers, taken, *ctx_arg, *target_arg, *grad_in),
+                      (top_spec, layer_spec, *rest_specs, *whole(grad_in)), out_specs,
+                      [("parameters", n_params), ("activations", n_in + len(grad_in))])
     params = {"top": top, "layers": layers}
     opt = opt_shapes(params, p["optimizer"])
 
     def update(prm, grads, opt_state):
         return apply_update(prm, grads, opt_state, p["optimizer"])
 
-    return export_jax(update, params, params, opt, name=name,
-                      argument_roles=[("parameters", n_params), ("gradients", n_params),
-                                      ("optimizer_state", len(jax.tree.leaves(opt)))])
+    param_specs = {"top": top_spec, "layers": layer_spec} if tp > 1 else None
+    o_specs = opt_specs(param_specs, p["optimizer"]) if tp > 1 else None
+    return export(update, (params, params, opt), (param_specs, param_specs, o_specs), (param_specs, o_specs),
+                  [("parameters", n_params), ("gradients", n_params), ("optimizer_state", len(jax.tree.leaves(opt)))])
 
 
 def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> str | bytes:
