@@ -1,7 +1,8 @@
 """Published training runs against hespas-ml's step time, each with the layout the run used.
 
     python eval/eval_published_runs.py [--runs eval/measured/published_runs.csv] [--fidelity roofline] [--split fusion]
-                                       [--also '&schedule=interleaved:6'] [--only NAME…] [--json out.json]
+                                       [--also '&schedule=interleaved:6'] [--pipeline stages] [--only NAME…]
+                                       [--json out.json]
 
 ``eval/measured/published_runs.csv`` holds one row per run: its name, the target and system it ran on (as a
 ``--system`` spec: 8 GPUs per node on NVLink, the nodes on InfiniBand at the HCA rate per GPU), the zoo spec
@@ -15,13 +16,16 @@ Prints, run by run as each finishes (with its wall time), the published step tim
 its error, and where the predicted time goes: matrix-unit-bound kernels, memory-bound kernels, exposed
 communication, and the peak memory per device. Then the median |error| over the runs. ``--also SUFFIX``
 predicts each run a second time with SUFFIX added to its spec (a schedule, a remat), where the layout
-takes it. A run whose spec cannot be simulated is reported with its one-line reason, never guessed.
+takes it. ``--pipeline stages`` predicts the pipelined runs from each stage's own programs
+(:mod:`hespas_ml.pipeline_stages`), the others as before. A run whose spec cannot be simulated is reported
+with its one-line reason, never guessed.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 import time
@@ -31,8 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
+from hespas_ml.ingest.zoo.checks import parse_mesh  # noqa: E402
 from hespas_ml.ingest.zoo.specs import parse_zoo_spec  # noqa: E402
 from hespas_ml.pipeline import simulate  # noqa: E402
+from hespas_ml.pipeline_stages import simulate_stages  # noqa: E402
 
 FIGURES = ("step_s", "tflops_eq3")
 
@@ -73,9 +79,16 @@ def breakdown(res) -> dict[str, float]:
     return out
 
 
-def predict(row: dict[str, str], spec: str, fidelity: str, split: str = "fusion") -> dict:
+def predict(row: dict[str, str], spec: str, fidelity: str, split: str = "fusion", pipeline: str = "lockstep") -> dict:
+    """One run's prediction; ``pipeline="stages"``: a pipelined run from its stages' own programs
+    (``simulate --pipeline stages``), its compute not broken down by bound."""
     t0 = time.perf_counter()
     try:
+        if pipeline == "stages" and parse_mesh(parse_zoo_spec(spec)[1]["mesh"]).get("pp", 1) > 1:
+            staged = simulate_stages(spec, row["target"], row["system"], fidelity=fidelity, split=split)
+            return {"step_s": staged.step_time_s, "compute_bound_s": math.nan, "memory_bound_s": math.nan,
+                    "exposed_comm_s": math.nan, "peak_memory_bytes": staged.peak_memory_bytes, "fits": staged.fits,
+                    "bubble": staged.bubble, "wall_s": time.perf_counter() - t0}
         res = simulate(spec, target=row["target"], system=row["system"], fidelity=fidelity, split=split)
     except HespasError as exc:
         return {"error": str(exc).splitlines()[0][:240], "wall_s": time.perf_counter() - t0}
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fidelity", default="roofline")
     ap.add_argument("--split", default="fusion", help="how programs are split into kernels (fusion, merged, …)")
     ap.add_argument("--also", help="predict each run again with this added to its spec")
+    ap.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
+                    help="pipelined runs as one lock-step program (default) or from each stage's own programs")
     ap.add_argument("--only", nargs="+", help="runs whose name contains one of these")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -113,16 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    published {published:9.3f} s per step" +
               (f"  ({row['value']} TFLOP/s per GPU by equation 3)" if row["figure"] == "tflops_eq3" else ""))
         for label, spec in variants:
-            got = predict(row, spec, args.fidelity, args.split)
+            got = predict(row, spec, args.fidelity, args.split, args.pipeline)
             out["predicted"][label] = got
             if "error" in got:
                 print(f"    {label:<10} unavailable: {got['error']}")
                 continue
             got["relative_error"] = got["step_s"] / published - 1.0
             mem = got["peak_memory_bytes"] / 2**30
+            how = (f"from its stages' programs, the busiest stage idle {100 * got['bubble']:.1f} %" if "bubble" in got
+                   else f"matrix-bound {got['compute_bound_s']:.2f} s, memory-bound {got['memory_bound_s']:.2f} s, "
+                        f"exposed comm {got['exposed_comm_s']:.2f} s")
             print(f"    {label:<10}{got['step_s']:9.3f} s per step  {100 * got['relative_error']:+7.1f} %   "
-                  f"matrix-bound {got['compute_bound_s']:.2f} s, memory-bound {got['memory_bound_s']:.2f} s, "
-                  f"exposed comm {got['exposed_comm_s']:.2f} s; {mem:.1f} GiB per device"
+                  f"{how}; {mem:.1f} GiB per device"
                   f"{'' if got['fits'] else ' (does not fit)'}; {got['wall_s']:.0f} s to simulate", flush=True)
         results.append(out)
     print()

@@ -11,9 +11,9 @@ backwards in the order GPipe, 1F1B or the interleaved schedule gives, hands acti
 back with SEND/RECV nodes, all-reduces its gradients over its data-parallel replicas and updates; the
 replay runs every rank's trace, so the bubble, the messages and the exposed all-reduce are simulated.
 
-A backward unit runs its stage's forward again before the gradients (so training takes ``remat=full``),
-and a stage keeps each microbatch's input until its backward: 1F1B keeps P - s microbatches on stage s,
-GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
+A training stage keeps every layer's input for each microbatch in flight and its backward makes each layer
+again from it (Megatron's full recomputation, so training takes ``remat=full``): 1F1B keeps P - s
+microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
 replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a tp group is replayed on the system's first T NPUs
 (its tp all-reduces inside its time); the schedule's messages go from each device to the same tp rank of
 the next stage, and the gradient all-reduce runs over the replicas of each tp rank. fsdp, cp and ep inside
@@ -115,7 +115,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     forward = [timed(f"forward:{place[v]}", unit["layers"]) for v in range(virtual)]
     backward = [timed(f"backward:{place[v]}", unit["layers"]) if train else None for v in range(virtual)]
     updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
-    message = _output_bytes(next(iter(runs)))
+    message = int(backward[0].memory.get("incoming", 0)) if train else _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
     traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
     step = replay(traces, question.system, groups or None, backend=replay_backend)
@@ -126,7 +126,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                  for c in range(chunks)]
         busy.append(micro * sum(units) + (updates[s].step_time_s if train else 0.0))
     flight = [in_flight(order) if train else 0 for order in orders]
-    memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s], message) for s in range(stages)]
+    memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s]) for s in range(stages)]
     warnings = sorted({w for r in runs.values() for w in r.warnings})
     capacity = float(question.target.mem_capacity)
     return StagedResult(program, question.target.name, question.fidelity.name, question.split,
@@ -227,19 +227,22 @@ def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None)
     return out
 
 
-def _stage_memory(s, stages, chunks, forward, backward, updates, flight, message) -> dict[str, int]:
+def _stage_memory(s, stages, chunks, forward, backward, updates, flight) -> dict[str, int]:
     """Stage ``s``'s memory at its peak: its parameters, gradients and optimizer state (its update program's
-    arguments; inference: its forwards' parameters), the inputs of the units it keeps in flight, and the
-    largest working set among its units (a unit program's peak less its parameters)."""
+    arguments; inference: its forwards' parameters), what it keeps for the units in flight (their layers'
+    inputs: a backward program's ``kept`` arguments), and the largest working set among its units (a unit
+    program's peak less its parameters and what it keeps)."""
     units = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r is not None]
-    working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) for r in units)
+    working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) - r.memory.get("kept", 0) for r in units)
     if updates[s] is not None:
         fixed = {k: int(updates[s].memory.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state")}
+        per_unit = max(int(backward[c * stages + s].memory.get("kept", 0)) for c in range(chunks))
     else:
         fixed = {"parameters": sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks)),
                  "gradients": 0, "optimizer_state": 0}
-    kept = flight * message
-    return {**fixed, "kept_inputs": kept, "working": working, "peak": sum(fixed.values()) + kept + working}
+        per_unit = 0
+    kept = flight * per_unit
+    return {**fixed, "kept": kept, "working": working, "peak": sum(fixed.values()) + kept + working}
 
 
 __all__ = ["StagedPipelineError", "StagedResult", "simulate_stages"]

@@ -25,14 +25,15 @@ CARD = "L4"      # a slow card: the tiny model's units take tens of µs, well ab
 
 def test_the_stage_programs_add_up_to_the_model():
     """One microbatch forward: the first stage's layer, two middle ones and the last stage's layer do the
-    FLOPs of the whole 4-layer model, exactly; a backward does its forward again and about twice more."""
+    FLOPs of the whole 4-layer model (all but its loop counters' few); a backward makes each layer again from
+    its kept input and takes twice that for the gradients: three forwards."""
     unit = TINY.format(layers=1, step="infer") + "&batch=2"
     flops = {role: graph_cost(ingest(f"{unit}&role=forward:{role}"))["flops"] for role in ("first", "middle", "last")}
     whole = graph_cost(ingest(TINY.format(layers=4, step="infer") + "&batch=2"))["flops"]
-    assert flops["first"] + 2 * flops["middle"] + flops["last"] == whole
+    assert flops["first"] + 2 * flops["middle"] + flops["last"] == pytest.approx(whole, abs=16)
     train = TINY.format(layers=1, step="train") + "&batch=2"
     forward, backward = (graph_cost(ingest(f"{train}&role={k}:middle"))["flops"] for k in ("forward", "backward"))
-    assert 2.5 < backward / forward < 3.5
+    assert backward / forward == pytest.approx(3.0, rel=0.02)
     update = ingest(f"{train}&optimizer=adam&role=update:last")
     assert set(update.input_roles) == {"parameters", "gradients", "optimizer_state"}
 
@@ -59,7 +60,7 @@ def test_schedules_replayed_from_the_stages_programs():
     assert one.step_time_s == pytest.approx(gpipe.step_time_s, rel=0.01)
     assert gpipe.in_flight == [8] * 4 and one.in_flight == [4, 3, 2, 1]
     assert all(o["peak"] <= g["peak"] for o, g in zip(one.memory, gpipe.memory))
-    assert one.memory[0]["kept_inputs"] == 4 * one.memory[3]["kept_inputs"] > 0
+    assert one.memory[0]["kept"] / 4 == one.memory[1]["kept"] / 3 == gpipe.memory[0]["kept"] / 8 > 0
     assert inter.step_time_s < one.step_time_s and inter.bubble < one.bubble
     unit = {spec.split("role=")[1]: t for spec, t in one.units.items()}
     middle = unit["forward:middle"] + unit["backward:middle"]

@@ -9,7 +9,7 @@ import yaml
 
 from hespas_ml.replay.errors import SystemConfigError
 from hespas_ml.replay.system import (
-    DEFAULT_LATENCY_NS, NetworkDim, load_comm_groups, load_system, write_comm_groups, write_system,
+    DEFAULT_LATENCY_NS, NetworkDim, leading_system, load_comm_groups, load_system, write_comm_groups, write_system,
 )
 
 
@@ -142,3 +142,21 @@ def test_bad_comm_groups(tmp_path: Path, content: object, problem: str) -> None:
     with pytest.raises(SystemConfigError) as info:
         load_comm_groups(path, n_npus=8)
     assert problem in str(info.value) and str(path) in str(info.value)
+
+
+def test_the_first_npus_of_a_system_make_a_system_of_their_own() -> None:
+    """A stage's tp group of 8 on 'switch:8x450,switch:4x50' is the first dimension; 16 NPUs are it and half of
+    the second (its bandwidth and latency kept); one NPU is no system; 3 NPUs do not make whole groups."""
+    cfg = load_system("switch:8x450,ring:4x50@700")
+    eight = leading_system(cfg, 8)
+    assert [(d.topology, d.npus, d.bandwidth_gbps) for d in eight.dims] == [("Switch", 8, 450.0)]
+    assert eight.implementation("all-reduce") == cfg.implementation("all-reduce")[:1]
+    sixteen = leading_system(cfg, 16)
+    assert [(d.topology, d.npus, d.latency_ns) for d in sixteen.dims] == [("Switch", 8, 500.0), ("Ring", 2, 700.0)]
+    assert sixteen.n_npus == 16 and "the first 16 NPUs of" in sixteen.source
+    assert leading_system(cfg, 1) is None
+    with pytest.raises(SystemConfigError, match="do not make whole groups") as err:
+        leading_system(cfg, 3)
+    assert "\n" not in str(err.value)
+    with pytest.raises(SystemConfigError, match="fewer than 64"):
+        leading_system(cfg, 64)

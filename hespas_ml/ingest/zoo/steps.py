@@ -649,11 +649,14 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     * ``forward:first`` (top, layers, tokens) -> activation; ``forward:middle`` (layers, activation, ctx) ->
       activation; ``forward:last`` (top, layers, activation, ctx[, targets]) -> the loss (training) or the
       output. ``ctx`` is what the embedding hands every block besides the activation (a transformer's
-      rotary tables), which a stage without the embedding takes as an argument.
-    * ``backward:PLACE``: the same arguments and the gradient of the activation it handed on (the last stage:
-      its loss's own) -> the gradients of its parameters and of the activation it took (not the first
-      stage's: tokens have none). The forward runs again inside it, as under remat=full; a stage keeps only
-      each microbatch's input in flight.
+      rotary tables), which a stage without the embedding takes as an argument. In training a forward also
+      returns what the stage keeps for the microbatch's backward: every layer's input (Megatron's full
+      recomputation), and on the last stage the head's input.
+    * ``backward:PLACE`` (top, layers, what the forward kept, the tokens (first), ctx (not first), the
+      targets (last), the gradient of the activation it handed on (not last)) -> the gradients of its
+      parameters and of the activation it took (not the first stage's: tokens have none). Each layer is
+      made again from its kept input right before its gradients, last layer first, so a stage's working set
+      is one layer's, and a backward costs a forward more than without recomputation.
     * ``update:PLACE`` (parameters, gradients, optimizer state) -> (parameters, optimizer state): the
       optimizer step over the stage's parameters.
 
@@ -661,13 +664,12 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     last the head's and the loss's)."""
     kind, place = p["role"].split(":")
     train = p["step"] == "train"
-    scan = p.get("scan", False)
     one = Collectives()                        # shapes and what is read are the same on a tp group
     first, last = place == "first", place == "last"
     inputs = model.inputs
     embedded = jax.eval_shape(lambda t, i: model.embed(t, i, one), model.top, inputs)
     activation, ctx = embedded
-    shapes = param_shapes(model, scan)
+    shapes = param_shapes(model, True)         # a stage's layers run as one scan
     used = set()
     if first:
         used |= set(_top_read_by(lambda t: model.embed(t, inputs, one)[0], model.top))
@@ -686,60 +688,93 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     col = Collectives("mesh", tp, {}, mesh_axes={"tp": "tp"}) if tp > 1 else one
     if tp > 1:                                 # Megatron's split of the weights; activations whole on every device
         tp_layout = _mesh_layouts(model, {"tp": tp})[0]
-        specs = _mesh_specs(shapes, tp=param_axes(model, tp_layout, scan))
+        specs = _mesh_specs(shapes, tp=param_axes(model, tp_layout, True))
         top_spec = {k: v for k, v in specs["top"].items() if k in used}
         layer_spec = specs["layers"]
     else:
         top_spec = layer_spec = None
 
     def export(fn, args, arg_specs, out_specs, roles):
-        """``fn`` exported on one device, or inside shard_map over the stage's tp group."""
-        if tp == 1:
-            return export_jax(fn, *args, name=name, argument_roles=roles)
-        sharded = jax.shard_map(fn, mesh=AbstractMesh((tp,), ("tp",)), in_specs=arg_specs, out_specs=out_specs,
-                                check_vma=False)
-        return export_jax(sharded, *args, name=name, argument_roles=roles)
+        """``fn`` exported on one device, or inside shard_map over the stage's tp group; every argument kept
+        (a backward reads its embedding table's shape only, yet the table is in memory)."""
+        if tp > 1:
+            fn = jax.shard_map(fn, mesh=AbstractMesh((tp,), ("tp",)), in_specs=arg_specs, out_specs=out_specs,
+                               check_vma=False)
+        return export_jax(jax.jit(fn, keep_unused=True), *args, name=name, argument_roles=roles)
 
     def whole(tree):
         return jax.tree.map(lambda _: P(), tree)
 
-    def stage(top_p, layer_p, x, ctx_in, targets=None):
-        full_top = {**{k: None for k in model.top}, **top_p}
-        if first:
-            x, ctx_in = model.embed(full_top, x, col)
-        x = run_layers(model, layer_p, x, ctx_in, col, scan=scan)
-        if not last:
-            return x
-        out = model.head(full_top, x, ctx_in, col)
+    block = block_fn(model, col)
+
+    def full(top_p):
+        return {**{k: None for k in model.top}, **top_p}
+
+    def through(layer_p, x, ctx_in):
+        """``x`` through the layers (one scan), and every layer's input: what a training stage keeps."""
+        return jax.lax.scan(lambda h, lp: (block(lp, h, ctx_in), h), x, layer_p)
+
+    def head_loss(top_p, h, ctx_in, targets=None):
+        out = model.head(full(top_p), h, ctx_in, col)
         return model.loss(out, targets, col).astype(jnp.float32) if train else out
 
     taken = inputs if first else activation
     ctx_arg = () if first else (ctx,)
     target_arg = (model.targets,) if last and train else ()
-    n_in = len(jax.tree.leaves(taken)) + len(jax.tree.leaves(ctx_arg)) + len(target_arg)
     n_params = len(jax.tree.leaves(top)) + len(jax.tree.leaves(layers))
-    rest_specs = whole((taken, *ctx_arg, *target_arg))
     if kind == "forward":
         def forward(top_p, layer_p, x, *rest):
-            return stage(top_p, layer_p, x, rest[0] if not first else None, *rest[len(ctx_arg):])
+            c = None if first else rest[0]
+            if first:
+                x, c = model.embed(full(top_p), x, col)
+            h, kept = through(layer_p, x, c)
+            if last:
+                out = head_loss(top_p, h, c, *rest[len(ctx_arg):])
+                return (out, kept, h) if train else out
+            return (h, kept) if train else h
 
-        out_spec = P(None, None, "tp") if last and not train else P()    # the output: vocab-split logits
-        return export(forward, (top, layers, taken, *ctx_arg, *target_arg), (top_spec, layer_spec, *rest_specs),
-                      out_spec, [("parameters", n_params), ("activations", n_in)])
+        if train:
+            out_spec = (P(), P(), P()) if last else (P(), P())
+        else:
+            out_spec = P(None, None, "tp") if last else P()              # an output: vocab-split logits
+        args = (top, layers, taken, *ctx_arg, *target_arg)
+        return export(forward, args, (top_spec, layer_spec, *whole(args[2:])), out_spec,
+                      [("parameters", n_params), ("activations", len(jax.tree.leaves(args[2:])))])
     if kind == "backward":
-        def backward(top_p, layer_p, x, *rest):
-            c = rest[0] if not first else None
-            goal = rest[len(ctx_arg):len(ctx_arg) + len(target_arg)]
-            wrt = (top_p, layer_p) if first else (top_p, layer_p, x)
-            out, pull = jax.vjp(lambda *a: stage(*a[:2], a[2] if not first else x, c, *goal), *wrt)
-            seed = jnp.ones_like(out) if last else rest[-1]
-            return pull(seed.astype(out.dtype))
-
+        kept_shape = jax.ShapeDtypeStruct((model.layers, *activation.shape), activation.dtype)
+        head_in = (activation,) if last else ()
+        tokens_in = (inputs,) if first else ()
         grad_in = () if last else (activation,)
+
+        def backward(top_p, layer_p, kept, *rest):
+            rest = list(rest)
+            h_last = rest.pop(0) if last else None
+            tokens = rest.pop(0) if first else None
+            c = model.embed(full(top_p), tokens, col)[1] if first else rest.pop(0)
+            targets = rest.pop(0) if last else None
+            g_top = jax.tree.map(jnp.zeros_like, top_p)
+            if last:                             # the loss's gradient through the head
+                g_top, g = jax.vjp(lambda t, h: head_loss(t, h, c, targets), top_p, h_last)[1](jnp.ones((), jnp.float32))
+            else:
+                g = rest.pop(0)
+
+            def back(g, item):                   # each layer made again from its input, last first
+                lp, h = item
+                dlp, dh = jax.vjp(lambda a, b: block(a, b, c), lp, h)[1](g)
+                return dh, dlp
+
+            g_x, g_layers = jax.lax.scan(back, g.astype(activation.dtype), (layer_p, kept), reverse=True)
+            if first:
+                (g_top,) = jax.vjp(lambda t: model.embed(full(t), tokens, col)[0], top_p)[1](g_x)
+                return g_top, g_layers
+            return g_top, g_layers, g_x
+
+        args = (top, layers, kept_shape, *head_in, *tokens_in, *ctx_arg, *target_arg, *grad_in)
         out_specs = (top_spec, layer_spec) if first else (top_spec, layer_spec, P())
-        return export(backward, (top, layers, taken, *ctx_arg, *target_arg, *grad_in),
-                      (top_spec, layer_spec, *rest_specs, *whole(grad_in)), out_specs,
-                      [("parameters", n_params), ("activations", n_in + len(grad_in))])
+        n_act = len(jax.tree.leaves((tokens_in, ctx_arg, target_arg)))
+        return export(backward, args, (top_spec, layer_spec, *whole(args[2:])), out_specs,
+                      [("parameters", n_params), ("kept", 1 + len(head_in)), ("activations", n_act),
+                       ("incoming", len(grad_in))])
     params = {"top": top, "layers": layers}
     opt = opt_shapes(params, p["optimizer"])
 
