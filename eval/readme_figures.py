@@ -182,7 +182,15 @@ def published_runs() -> dict[str, str]:
     cal = {r["name"]: r["predicted"]["as listed"]["relative_error"] for r in calibrated
            if "relative_error" in r["predicted"]["as listed"]}
     cal_parts = [f"{percents([e for n, e in cal.items() if key in n])} off {what}" for what, key in groups]
-    return {"published-runs": f"the roofline is {parts[0]}, {parts[1]} and {parts[2]} (median |error| "
+    staged = run_json("eval_published_runs.py", "--pipeline", "stages", "--also", "&schedule=1f1b", "--only",
+                      *[r["name"] for r in got if "pp:" in r["spec"] and "Megatron" in r["name"]])
+    stage_errors = [r["predicted"]["as listed"]["relative_error"] for r in staged]
+    one_f_one_b = [r["predicted"]["&schedule=1f1b"]["peak_memory_bytes"] / 2**30 for r in staged]
+    return {"published-runs-stages": f"{percents(stage_errors)} off the two pipelined Megatron runs (the lock-step "
+                                     f"program: {percents([errors[r['name']] for r in staged])}); with "
+                                     f"`schedule=1f1b` the same time, "
+                                     f"{min(one_f_one_b):.0f}-{max(one_f_one_b):.0f} GiB per device",
+            "published-runs": f"the roofline is {parts[0]}, {parts[1]} and {parts[2]} (median |error| "
                               f"{100 * median:.1f} % over the {len(errors)} runs",
             "published-runs-calibrated": f"{cal_parts[0]}, {cal_parts[1]} and {cal_parts[2]} (median |error| "
                                          f"{100 * statistics.median(abs(e) for e in cal.values()):.1f} % over "
