@@ -203,12 +203,19 @@ LLAMA_70B = ("zoo:llama?layers=80&d_model=8192&heads=64&kv_heads=8&ffn=28672&voc
 
 
 def scale_70b() -> dict[str, str]:
-    """Llama-3-70B on 16,384 H100s (the README's scale example): step time, peak memory per device, fits."""
+    """Llama-3-70B on 16,384 H100s (the README's scale example): step time, peak memory per device, fits;
+    and from its stages' programs under 1F1B."""
     from hespas_ml import simulate
 
+    from hespas_ml.pipeline_stages import simulate_stages
+
     res = simulate(LLAMA_70B, "H100", "switch:8x450,switch:2048x50")
+    staged = simulate_stages(f"{LLAMA_70B}&schedule=1f1b", "H100", "switch:8x450,switch:2048x50")
     return {"scale-70b": f"step {res.step_time_s:.2f} s; {res.peak_memory_bytes / 1e9:.1f} GB per device "
-                         f"at the peak: {'it fits' if res.fits else 'it does not fit'}"}
+                         f"at the peak: {'it fits' if res.fits else 'it does not fit'}",
+            "scale-70b-stages": f"step {staged.step_time_s:.2f} s, the busiest stage idle {staged.bubble:.0%} of it; "
+                                f"{staged.peak_memory_bytes / 1e9:.1f} GB on the fullest stage "
+                                f"({staged.replay_engine} replayed)"}
 
 
 def memory() -> dict[str, str]:

@@ -21,6 +21,7 @@ a stage, and sequence parallelism, are not laid out this way yet.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,7 +32,12 @@ from .pipeline import Question, ingest, run
 from .replay import chakra as et
 from .replay import replay
 from .replay.schedules import StageWork, in_flight, schedule_traces, stage_order
-from .replay.system import leading_system
+from .replay.errors import SystemConfigError
+from .replay.system import leading_system, strided_system
+
+
+ALIKE_TOPOLOGIES = ("Switch", "FullyConnected")
+"""Dimensions on which a group's collectives and messages take the same time wherever its members sit."""
 
 
 class StagedPipelineError(HespasError, ValueError):
@@ -86,9 +92,13 @@ class StagedResult:
 
 
 def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofline", split: str = "fusion",
-                    replay_backend: str = "auto") -> StagedResult:
+                    replay_backend: str = "auto", every_rank: bool = False) -> StagedResult:
     """Simulate one step of the pipelined zoo ``program`` from its stages' programs on ``system`` of
-    ``target`` devices, timing their regions with ``fidelity`` (see the module docstring)."""
+    ``target`` devices, timing their regions with ``fidelity`` (see the module docstring). The ranks of a
+    stage run alike, so one rank per stage is replayed on the part of the system the stages span, each
+    stage's gradient all-reduce timed on the part its replicas span: on switch and fully connected
+    dimensions the same step as replaying every rank, to within the microsecond the all-reduce's wait is
+    rounded up to. ``every_rank``, a ring dimension or a system that cannot be cut so replays every rank."""
     family, p, stages, replicas, tp, chunks, micro = _layout(program)
     question = Question.resolve(None, target, system, fidelity=fidelity, split=split, replay=replay_backend)
     if question.system is None or question.system.n_npus != stages * replicas * tp:
@@ -117,8 +127,8 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
     message = int(backward[0].memory.get("incoming", 0)) if train else _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
-    traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
-    step = replay(traces, question.system, groups or None, backend=replay_backend)
+    step, engine, note = _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train, question,
+                                 every_rank)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy = []
     for s in range(stages):
@@ -127,13 +137,13 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
         busy.append(micro * sum(units) + (updates[s].step_time_s if train else 0.0))
     flight = [in_flight(order) if train else 0 for order in orders]
     memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s]) for s in range(stages)]
-    warnings = sorted({w for r in runs.values() for w in r.warnings})
+    warnings = sorted({w for r in runs.values() for w in r.warnings} | ({note} if note else set()))
     capacity = float(question.target.mem_capacity)
     return StagedResult(program, question.target.name, question.fidelity.name, question.split,
                         question.system.source, p["schedule"], stages, chunks, micro, replicas, tp, step.step_time_s,
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
-                        step.details.get("engine", ""), warnings)
+                        engine, warnings)
 
 
 def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]:
@@ -184,6 +194,56 @@ def _output_bytes(spec: str) -> int:
     return sum(t.nbytes for op in graph.outputs for t in graph.ops[op].result_types) or 1
 
 
+def _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank):
+    """(the replayed step, which ranks were replayed, a note when every rank had to be): one rank per stage
+    where its peers in the other stages and its replicas each lie along one switch or fully connected
+    dimension (:func:`_alike_parts`), else every rank."""
+    system, backend = question.system, question.replay
+    note = None
+    if not every_rank and replicas * tp > 1:
+        parts = _alike_parts(system, stages, replicas, tp)
+        if isinstance(parts, str):
+            note = f"every rank replayed: {parts}"
+        else:
+            along, across = parts
+            delays = [_all_reduce_s(int(u.memory.get("gradients", 0)), across, backend) if train else 0.0
+                      for u in updates]
+            traces = []
+            for s, nodes in enumerate(schedule_traces(work, schedule, micro, chunks, train=train)):
+                if train:
+                    nodes = nodes + _update_nodes(nodes, updates[s], s, None, delays[s])
+                traces.append(nodes)
+            return replay(traces, along, None, backend=backend), "one rank per stage", None
+    traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
+    return replay(traces, system, groups or None, backend=backend), "every rank", note
+
+
+def _alike_parts(system, stages: int, replicas: int, tp: int):
+    """(the system rank 0's peers in the other stages make up, the one its replicas make up, or None) when
+    each lies along one switch or fully connected dimension, where a group's messages and collectives take
+    the same time wherever its members sit; else why not (one line)."""
+    rings = [d for d in system.dims if d.topology not in ALIKE_TOPOLOGIES]
+    if rings:
+        return f"a {rings[0].topology} dimension times a group by where its members sit"
+    try:
+        along = strided_system(system, replicas * tp, stages)
+        across = strided_system(system, tp, replicas) if replicas > 1 else None
+    except SystemConfigError as exc:
+        return str(exc)
+    for part, who in ((along, "the stages"), (across, "a stage's replicas")):
+        if part is not None and len(part.dims) > 1:
+            return f"{who} span {len(part.dims)} network dimensions ({part.source})"
+    return along, across
+
+
+def _all_reduce_s(size: int, system, backend: str) -> float:
+    """How long an all-reduce of ``size`` bytes over every rank of ``system`` takes alone (0 without one)."""
+    if system is None or size <= 0:
+        return 0.0
+    node = et.EtNode(0, "grads", et.COMM_COLL_NODE, [], [], 0, {"comm_type": et.ALL_REDUCE, "comm_size": size})
+    return replay([[node]] * system.n_npus, system, None, backend=backend).step_time_s
+
+
 def _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train):
     """Every rank's trace (rank = (stage · replicas + replica) · tp + t) and the data-parallel groups (one
     per stage and tp rank)."""
@@ -211,9 +271,11 @@ def _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
     return traces, groups
 
 
-def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None) -> list[et.EtNode]:
-    """After a stage's last unit: its gradients all-reduced over ``group`` (its replicas; None: none), then
-    its optimizer update."""
+def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None,
+                  all_reduce_s: float = 0.0) -> list[et.EtNode]:
+    """After a stage's last unit: its gradients all-reduced over ``group`` (its replicas; None: none) or, for
+    a stage replayed alone, a wait of ``all_reduce_s`` (what that all-reduce takes), then its optimizer
+    update."""
     last = max(n.id for n in nodes if n.type == et.COMP_NODE)
     nid = len(nodes)
     grads = int(update.memory.get("gradients", 0))
@@ -221,6 +283,10 @@ def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None)
     if group is not None and grads:
         out.append(et.EtNode(nid, f"grads_stage{stage}", et.COMM_COLL_NODE, [last], [], 0,
                              {"comm_type": et.ALL_REDUCE, "comm_size": grads, "pg_name": group}))
+        last, nid = nid, nid + 1
+    elif all_reduce_s > 0:
+        out.append(et.EtNode(nid, f"grads_stage{stage}", et.COMP_NODE, [last], [], math.ceil(all_reduce_s * 1e6),
+                             {"num_ops": 1, "tensor_size": grads or 1}))
         last, nid = nid, nid + 1
     out.append(et.EtNode(nid, f"update_stage{stage}", et.COMP_NODE, [last], [], int(round(update.step_time_s * 1e6)),
                          {"num_ops": 1, "tensor_size": grads or 1}))

@@ -124,3 +124,18 @@ def test_the_readmes_pipeline_stages_line(capsys):
     assert main([*command, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["replicas"] == 2 and data["in_flight"] == [4, 3, 2, 1] and 0 < data["bubble"] < 1
+
+
+def test_one_rank_per_stage_replays_the_step_of_every_rank():
+    """Switch dimensions: a stage's ranks run alike, so one rank per stage (its peers along one dimension, its
+    replicas' all-reduce timed along another) gives every rank's step to within the microsecond the
+    all-reduce's wait is rounded up to; where a ring or a group spread over two dimensions would make it
+    differ, every rank is replayed and the result says so."""
+    spec = f"{TRAIN}&mesh=pp:2,dp:2,tp:2&devices=8&microbatch=2&schedule=1f1b"
+    one = simulate_stages(spec, CARD, "switch:2x450,switch:4x50")
+    every = simulate_stages(spec, CARD, "switch:2x450,switch:4x50", every_rank=True)
+    assert (one.replay_engine, every.replay_engine) == ("one rank per stage", "every rank")
+    assert 0 <= one.step_time_s - every.step_time_s <= 1e-6 * one.stages
+    for system, why in (("ring:8x50", "a Ring dimension"), ("switch:2x450,switch:4x50", "span 2 network dimensions")):
+        spread = simulate_stages(f"{TRAIN}&mesh=pp:2,dp:4&devices=8&microbatch=1", CARD, system)
+        assert spread.replay_engine == "every rank" and any(why in w for w in spread.warnings)
