@@ -16,8 +16,9 @@ again from it (Megatron's full recomputation, so training takes ``remat=full``):
 microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
 replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a tp group is replayed on the system's first T NPUs
 (its tp all-reduces inside its time); the schedule's messages go from each device to the same tp rank of
-the next stage, and the gradient all-reduce runs over the replicas of each tp rank. fsdp, cp and ep inside
-a stage, and sequence parallelism, are not laid out this way yet.
+the next stage, and the gradient all-reduce runs over the replicas of each tp rank. Under sequence parallelism (``sp=true``)
+a stage sends and keeps its part of the sequence. fsdp, cp and ep inside a stage are not laid out this way
+yet.
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ class StagedResult:
     replicas: int
     tp: int
     step_time_s: float
+    exposed_comm_s: float            # the last rank's time not computing: waiting for messages (the bubble too),
+                                     # its replicas' all-reduce
+    flops: float                     # per device on the busiest stage: its units' and its update's
     units: dict[str, float]
     busy_s: list[float]
     idle: list[float]
@@ -127,20 +131,23 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
     message = int(backward[0].memory.get("incoming", 0)) if train else _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
-    step, engine, note = _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train, question,
-                                 every_rank)
+    step, engine, note, waits = _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train,
+                                        question, every_rank)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
-    busy = []
+    busy, flops = [], []
     for s in range(stages):
-        units = [forward[c * stages + s].step_time_s + (backward[c * stages + s].step_time_s if train else 0.0)
-                 for c in range(chunks)]
-        busy.append(micro * sum(units) + (updates[s].step_time_s if train else 0.0))
+        runs_of = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r]
+        busy.append(micro * sum(r.step_time_s for r in runs_of) + (updates[s].step_time_s if train else 0.0))
+        flops.append(micro * sum(r.flops for r in runs_of) + (updates[s].flops if train else 0.0))
+    last = max(step.ranks, key=lambda r: (r.finish_ns, -r.rank)).rank
+    exposed = step.exposed_comm_s + (waits[last] if waits else 0.0)
     flight = [in_flight(order) if train else 0 for order in orders]
     memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s]) for s in range(stages)]
     warnings = sorted({w for r in runs.values() for w in r.warnings} | ({note} if note else set()))
     capacity = float(question.target.mem_capacity)
     return StagedResult(program, question.target.name, question.fidelity.name, question.split,
                         question.system.source, p["schedule"], stages, chunks, micro, replicas, tp, step.step_time_s,
+                        exposed, flops[busy.index(max(busy))],
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
                         engine, warnings)
@@ -171,8 +178,6 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]
     if p["step"] == "train" and p.get("remat", "none") != "full":
         raise StagedPipelineError(f"{program}: a stage's backward runs its forward again (--pipeline stages): "
                                   f"give remat=full")
-    if p.get("sp") or p.get("master", "none") != "none":
-        raise StagedPipelineError(f"{program}: --pipeline stages does not handle sp or master weights")
     try:
         chunks = schedule_chunks(p.get("schedule", "gpipe"))
     except ValueError as exc:
@@ -195,9 +200,10 @@ def _output_bytes(spec: str) -> int:
 
 
 def _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank):
-    """(the replayed step, which ranks were replayed, a note when every rank had to be): one rank per stage
-    where its peers in the other stages and its replicas each lie along one switch or fully connected
-    dimension (:func:`_alike_parts`), else every rank."""
+    """(the replayed step, which ranks were replayed, a note when every rank had to be, each replayed rank's
+    all-reduce wait where it stands in for the all-reduce): one rank per stage where its peers in the other
+    stages and its replicas each lie along one switch or fully connected dimension (:func:`_alike_parts`),
+    else every rank."""
     system, backend = question.system, question.replay
     note = None
     if not every_rank and replicas * tp > 1:
@@ -213,9 +219,9 @@ def _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train,
                 if train:
                     nodes = nodes + _update_nodes(nodes, updates[s], s, None, delays[s])
                 traces.append(nodes)
-            return replay(traces, along, None, backend=backend), "one rank per stage", None
+            return replay(traces, along, None, backend=backend), "one rank per stage", None, delays
     traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
-    return replay(traces, system, groups or None, backend=backend), "every rank", note
+    return replay(traces, system, groups or None, backend=backend), "every rank", note, None
 
 
 def _alike_parts(system, stages: int, replicas: int, tp: int):
@@ -302,6 +308,9 @@ def _stage_memory(s, stages, chunks, forward, backward, updates, flight) -> dict
     working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) - r.memory.get("kept", 0) for r in units)
     if updates[s] is not None:
         fixed = {k: int(updates[s].memory.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state")}
+        copy = sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks))
+        if copy != fixed["parameters"]:        # master weights beside the copy the units compute with
+            fixed["compute_copy"] = copy
         per_unit = max(int(backward[c * stages + s].memory.get("kept", 0)) for c in range(chunks))
     else:
         fixed = {"parameters": sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks)),

@@ -139,3 +139,17 @@ def test_one_rank_per_stage_replays_the_step_of_every_rank():
     for system, why in (("ring:8x50", "a Ring dimension"), ("switch:2x450,switch:4x50", "span 2 network dimensions")):
         spread = simulate_stages(f"{TRAIN}&mesh=pp:2,dp:4&devices=8&microbatch=1", CARD, system)
         assert spread.replay_engine == "every rank" and any(why in w for w in spread.warnings)
+
+
+def test_sequence_parallel_stages_with_master_weights():
+    """sp=true on a tp pair: a stage sends and keeps its half of the sequence (half the bytes of the plain tp
+    stage's), and its update sums its norms' gradients over the pair; master=f32 keeps f32 weights, gradients
+    and Adam state beside the bf16 copy the units compute with."""
+    base = f"{TRAIN}&dtype=bf16&optimizer=adam&mesh=pp:2,tp:2&devices=4&microbatch=2&schedule=1f1b"
+    plain = simulate_stages(base, CARD, "switch:2x450,switch:2x50")
+    seq = simulate_stages(f"{base}&sp=true&master=f32", CARD, "switch:2x450,switch:2x50")
+    assert seq.memory[0]["kept"] * 2 == plain.memory[0]["kept"]
+    update = ingest(next(s for s in seq.units if s.endswith("role=update:middle") or s.endswith("role=update:last")))
+    assert any(op.kind == "all_reduce" for op in update.ops)
+    assert seq.memory[0]["parameters"] == 2 * seq.memory[0]["compute_copy"]          # f32 beside bf16
+    assert "compute_copy" not in plain.memory[0]

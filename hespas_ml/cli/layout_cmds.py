@@ -25,6 +25,9 @@ def register(sub) -> None:
                    help="how each program is cut into compute regions (default: fusion; merged goes with "
                         "--fidelity calibrated-roofline)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
+    p.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
+                   help="pipelined layouts as one lock-step program (default) or from each stage's own programs "
+                        "(pp, dp and tp meshes; remat=full for training)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", help="also write DIR/layouts.json (the --json object) and DIR/layouts.png (the "
                                  "ranking drawn: step time, exposed communication, bubble, memory)")
@@ -39,9 +42,11 @@ def cmd_layouts(args) -> int:
         raise LayoutError(f"--devices must be at least 1, got {args.devices}")
     question = Question.resolve(None, args.target, args.system, fidelity=args.fidelity, split=args.split,
                                replay=args.replay)
-    ranked = rank_layouts(args.program, args.devices, question, progress=not args.json and sys.stderr.isatty())
+    ranked = rank_layouts(args.program, args.devices, question, progress=not args.json and sys.stderr.isatty(),
+                          stages=args.pipeline == "stages")
     report = {"program": args.program, "devices": args.devices, "target": question.target.name,
               "system": question.system.source, "fidelity": question.fidelity.name, "split": question.split,
+              "pipeline": args.pipeline,
               "layouts": [lay.to_dict() for lay in ranked]}
     if args.out:
         from pathlib import Path
@@ -58,8 +63,9 @@ def cmd_layouts(args) -> int:
         print(json.dumps(report, indent=1))
         return 0
     w = sys.stdout.write
+    how = "; pipelines from their stages' programs" if args.pipeline == "stages" else ""
     w(f"{args.program} on {args.devices} x {question.target.name}, {question.system.source}, "
-      f"{question.fidelity.name} ({question.split} split)\n\n")
+      f"{question.fidelity.name} ({question.split} split){how}\n\n")
     w(f"  {'rank':>4}  {'mesh':<20} {'step':>10}  {'exposed comm':>12}  {'memory':>10}  {'util':>6}  {'bubble':>6}\n")
     for i, lay in enumerate(ranked, 1):
         mem = format_bytes(lay.peak_memory_bytes) if lay.peak_memory_bytes else "-"

@@ -5,7 +5,8 @@ A pipeline (pp > 1) runs microbatches of one sequence unless the program names i
 
 Each mesh is checked by the family's own rules (an impossible one says why), then ingested and split; a
 layout whose per-device memory does not fit the target is reported without being timed; the rest are
-labelled and replayed with the pipeline's stages on one system, and ranked by step time.
+labelled and replayed with the pipeline's stages on one system, and ranked by step time. With ``stages``, a
+pipelined layout is simulated from its stages' own programs instead (its memory known once they are).
 :func:`plot_layouts` draws the ranking: each layout's step time (the exposed communication apart, the pipeline
 bubble written beside it) and its peak memory per device against the target's.
 """
@@ -22,6 +23,7 @@ from ..ingest.errors import HespasError
 from ..ingest.zoo import ZOO, is_zoo_spec, parse_zoo_spec
 from ..ingest.zoo.checks import all_meshes, format_mesh, pipeline_bubble, search_axes
 from ..ingest.zoo.specs import named_params
+from ..pipeline_stages import simulate_stages
 from ..split.memory import memory
 from ..units import format_bytes, progress_bar
 
@@ -47,9 +49,12 @@ class Layout:
         return asdict(self)
 
 
-def rank_layouts(program: str, devices: int, question: pipeline.Question, *, progress: bool = False) -> list[Layout]:
+def rank_layouts(program: str, devices: int, question: pipeline.Question, *, progress: bool = False,
+                 stages: bool = False) -> list[Layout]:
     """Every layout of the zoo ``program`` (a spec without devices, parallel or mesh) on ``devices``, timed
-    on ``question``'s target, fidelity and system (its program is ignored), best first."""
+    on ``question``'s target, fidelity and system (its program is ignored), best first. ``stages``: a
+    pipelined layout is simulated from its stages' own programs (:mod:`hespas_ml.pipeline_stages`); one that
+    way cannot lay out is invalid, with the reason."""
     if not is_zoo_spec(program):
         raise LayoutError(f"{program}: layouts are enumerated for zoo programs (a .mlir file has one layout)")
     family, params = parse_zoo_spec(program)
@@ -72,7 +77,8 @@ def rank_layouts(program: str, devices: int, question: pipeline.Question, *, pro
             if mesh["pp"] > 1 and "microbatch" not in named:
                 spec += "&microbatch=1"
             bar.set_postfix_str(text, refresh=False)
-            out.append(_layout(spec, text, question, peak))
+            out.append(_staged_layout(spec, text, question, peak) if stages and mesh["pp"] > 1
+                       else _layout(spec, text, question, peak))
             bar.update(1)
     order = {"ok": 0, "too-big": 1, "invalid": 2}
     return sorted(out, key=lambda lay: (order[lay.status], lay.step_time_s if lay.status == "ok" else 0.0,
@@ -98,6 +104,20 @@ def _layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
     util = flops / (step.step_time_s * peak) if step.step_time_s > 0 and peak > 0 else math.nan
     return Layout(text, spec, "ok", "; ".join(times.caveats), step.step_time_s, step.exposed_comm_s, footprint.peak,
                   util, bubble)
+
+
+def _staged_layout(spec: str, text: str, q: pipeline.Question, peak: float) -> Layout:
+    try:
+        staged = simulate_stages(spec, q.target, q.system, fidelity=q.fidelity, split=q.split, replay_backend=q.replay)
+    except HespasError as exc:
+        return Layout(text, spec, "invalid", str(exc).removeprefix(f"{spec}: "))
+    if not staged.fits:
+        return Layout(text, spec, "too-big", f"{staged.peak_memory_bytes / 2**30:.2f} GiB at the peak on its fullest "
+                      f"stage, the {q.target.name} has {q.target.mem_capacity / 2**30:.2f} GiB",
+                      peak_memory_bytes=staged.peak_memory_bytes, bubble=staged.bubble)
+    util = staged.flops / (staged.step_time_s * peak) if staged.step_time_s > 0 and peak > 0 else math.nan
+    return Layout(text, spec, "ok", "; ".join(staged.warnings), staged.step_time_s, staged.exposed_comm_s,
+                  staged.peak_memory_bytes, util, staged.bubble)
 
 
 MAX_PLOTTED = 40

@@ -685,14 +685,21 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     top = {k: v for k, v in shapes["top"].items() if k in used}
     layers = shapes["layers"]
     tp = mesh_of(p).get("tp", 1)
-    col = Collectives("mesh", tp, {}, mesh_axes={"tp": "tp"}) if tp > 1 else one
-    if tp > 1:                                 # Megatron's split of the weights; activations whole on every device
+    sp = bool(p.get("sp")) and tp > 1
+    col = Collectives("mesh", tp, {}, mesh_axes={"tp": "tp"}, sequence_parallel=sp) if tp > 1 else one
+    if tp > 1:                                 # Megatron's split of the weights
         tp_layout = _mesh_layouts(model, {"tp": tp})[0]
-        specs = _mesh_specs(shapes, tp=param_axes(model, tp_layout, True))
+        axes = param_axes(model, tp_layout, True)
+        specs = _mesh_specs(shapes, tp=axes)
         top_spec = {k: v for k, v in specs["top"].items() if k in used}
         layer_spec = specs["layers"]
+        axes = {"top": {k: v for k, v in axes["top"].items() if k in used}, "layers": axes["layers"]}
     else:
-        top_spec = layer_spec = None
+        top_spec = layer_spec = axes = None
+    # between the tp regions an activation is whole on every device, or under sp this device's part of the
+    # sequence (so is what a stage sends on, and what it keeps)
+    act_spec = P(None, "tp") if sp else P()
+    kept_spec = P(None, None, "tp") if sp else P()
 
     def export(fn, args, arg_specs, out_specs, roles):
         """``fn`` exported on one device, or inside shard_map over the stage's tp group; every argument kept
@@ -734,11 +741,12 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
             return (h, kept) if train else h
 
         if train:
-            out_spec = (P(), P(), P()) if last else (P(), P())
+            out_spec = (P(), kept_spec, act_spec) if last else (act_spec, kept_spec)
         else:
-            out_spec = P(None, None, "tp") if last else P()              # an output: vocab-split logits
+            out_spec = P(None, None, "tp") if last else act_spec        # an output: vocab-split logits
         args = (top, layers, taken, *ctx_arg, *target_arg)
-        return export(forward, args, (top_spec, layer_spec, *whole(args[2:])), out_spec,
+        in_specs = (top_spec, layer_spec, whole(taken) if first else act_spec, *whole((*ctx_arg, *target_arg)))
+        return export(forward, args, in_specs, out_spec,
                       [("parameters", n_params), ("activations", len(jax.tree.leaves(args[2:])))])
     if kind == "backward":
         kept_shape = jax.ShapeDtypeStruct((model.layers, *activation.shape), activation.dtype)
@@ -770,20 +778,31 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
             return g_top, g_layers, g_x
 
         args = (top, layers, kept_shape, *head_in, *tokens_in, *ctx_arg, *target_arg, *grad_in)
-        out_specs = (top_spec, layer_spec) if first else (top_spec, layer_spec, P())
+        out_specs = (top_spec, layer_spec) if first else (top_spec, layer_spec, act_spec)
         n_act = len(jax.tree.leaves((tokens_in, ctx_arg, target_arg)))
-        return export(backward, args, (top_spec, layer_spec, *whole(args[2:])), out_specs,
+        in_specs = (top_spec, layer_spec, kept_spec, *(act_spec for _ in head_in), *whole((*tokens_in, *ctx_arg,
+                    *target_arg)), *(act_spec for _ in grad_in))
+        return export(backward, args, in_specs, out_specs,
                       [("parameters", n_params), ("kept", 1 + len(head_in)), ("activations", n_act),
                        ("incoming", len(grad_in))])
     params = {"top": top, "layers": layers}
+    master = p.get("master", "none") == "f32"
+    if master:                                 # f32 master weights, gradients and state; a copy to compute with
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), params)
     opt = opt_shapes(params, p["optimizer"])
+    compute = jax.tree.leaves(shapes)[0].dtype
 
     def update(prm, grads, opt_state):
-        return apply_update(prm, grads, opt_state, p["optimizer"])
+        if sp:                                 # a norm's weights saw this device's part of the sequence only
+            grads = jax.tree.map(lambda a, g: jax.lax.psum(g, "tp") if a is None else g, axes, grads,
+                                 is_leaf=lambda a: a is None)
+        prm, opt_state = apply_update(prm, grads, opt_state, p["optimizer"])
+        return (prm, opt_state, jax.tree.map(lambda w: w.astype(compute), prm)) if master else (prm, opt_state)
 
     param_specs = {"top": top_spec, "layers": layer_spec} if tp > 1 else None
     o_specs = opt_specs(param_specs, p["optimizer"]) if tp > 1 else None
-    return export(update, (params, params, opt), (param_specs, param_specs, o_specs), (param_specs, o_specs),
+    outs = (param_specs, o_specs, param_specs) if master else (param_specs, o_specs)
+    return export(update, (params, params, opt), (param_specs, param_specs, o_specs), outs,
                   [("parameters", n_params), ("gradients", n_params), ("optimizer_state", len(jax.tree.leaves(opt)))])
 
 
