@@ -11,9 +11,9 @@ backwards in the order GPipe, 1F1B or the interleaved schedule gives, hands acti
 back with SEND/RECV nodes, all-reduces its gradients over its data-parallel replicas and updates; the
 replay runs every rank's trace, so the bubble, the messages and the exposed all-reduce are simulated.
 
-A training stage keeps every layer's input for each microbatch in flight and its backward makes each layer
-again from it (Megatron's full recomputation, so training takes ``remat=full``): 1F1B keeps P - s
-microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
+A training stage keeps, for each microbatch in flight, what its backward needs under the step's ``remat``
+(every layer's input under full recomputation, each layer made again in the backward; every intermediate
+without): 1F1B keeps P - s microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
 replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a tp group is replayed on the system's first T NPUs
 (its tp all-reduces inside its time); the schedule's messages go from each device to the same tp rank of
 the next stage, and the gradient all-reduce runs over the replicas of each tp rank. Under sequence parallelism (``sp=true``)
@@ -113,7 +113,6 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     schedule = p["schedule"].split(":")[0]
     virtual = stages * chunks
     unit = {**p, "mesh": f"tp:{tp}" if tp > 1 else "", "devices": tp, "microbatch": 0, "schedule": "gpipe",
-            "remat": "none",
             "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual}
     place = ["first"] + ["middle"] * (virtual - 2) + ["last"]
     stage_place = ["first"] + ["middle"] * (stages - 2) + ["last"]
@@ -175,9 +174,6 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]
     if inside:
         raise StagedPipelineError(f"{program}: --pipeline stages lays out pp, dp and tp; {', '.join(inside)} "
                                   f"inside a stage is not handled (use the default lock-step pipeline)")
-    if p["step"] == "train" and p.get("remat", "none") != "full":
-        raise StagedPipelineError(f"{program}: a stage's backward runs its forward again (--pipeline stages): "
-                                  f"give remat=full")
     try:
         chunks = schedule_chunks(p.get("schedule", "gpipe"))
     except ValueError as exc:

@@ -25,15 +25,21 @@ CARD = "L4"      # a slow card: the tiny model's units take tens of µs, well ab
 
 def test_the_stage_programs_add_up_to_the_model():
     """One microbatch forward: the first stage's layer, two middle ones and the last stage's layer do the
-    FLOPs of the whole 4-layer model (all but its loop counters' few); a backward makes each layer again from
-    its kept input and takes twice that for the gradients: three forwards."""
+    FLOPs of the whole 4-layer model (all but its loop counters' few); a backward takes about two forwards for
+    the gradients, and under remat=full a third to make each layer again from the input the stage kept,
+    which is all it keeps of the many intermediates it keeps without recomputation."""
     unit = TINY.format(layers=1, step="infer") + "&batch=2"
     flops = {role: graph_cost(ingest(f"{unit}&role=forward:{role}"))["flops"] for role in ("first", "middle", "last")}
     whole = graph_cost(ingest(TINY.format(layers=4, step="infer") + "&batch=2"))["flops"]
     assert flops["first"] + 2 * flops["middle"] + flops["last"] == pytest.approx(whole, abs=16)
     train = TINY.format(layers=1, step="train") + "&batch=2"
-    forward, backward = (graph_cost(ingest(f"{train}&role={k}:middle"))["flops"] for k in ("forward", "backward"))
-    assert backward / forward == pytest.approx(3.0, rel=0.02)
+    ratio, kept = {}, {}
+    for remat in ("none", "full"):
+        forward, backward = (ingest(f"{train}&remat={remat}&role={k}:middle") for k in ("forward", "backward"))
+        ratio[remat] = graph_cost(backward)["flops"] / graph_cost(forward)["flops"]
+        kept[remat] = sum(t.nbytes for t, role in zip(backward.inputs, backward.input_roles) if role == "kept")
+    assert ratio["none"] == pytest.approx(2.0, rel=0.03) and 2.6 < ratio["full"] < 3.05
+    assert kept["none"] > 10 * kept["full"] > 0
     update = ingest(f"{train}&optimizer=adam&role=update:last")
     assert set(update.input_roles) == {"parameters", "gradients", "optimizer_state"}
 
@@ -60,7 +66,8 @@ def test_schedules_replayed_from_the_stages_programs():
     assert one.step_time_s == pytest.approx(gpipe.step_time_s, rel=0.01)
     assert gpipe.in_flight == [8] * 4 and one.in_flight == [4, 3, 2, 1]
     assert all(o["peak"] <= g["peak"] for o, g in zip(one.memory, gpipe.memory))
-    assert one.memory[0]["kept"] / 4 == one.memory[1]["kept"] / 3 == gpipe.memory[0]["kept"] / 8 > 0
+    assert one.memory[0]["kept"] / 4 == gpipe.memory[0]["kept"] / 8 > 0
+    assert one.memory[1]["kept"] / 3 == gpipe.memory[1]["kept"] / 8 > 0
     assert inter.step_time_s < one.step_time_s and inter.bubble < one.bubble
     unit = {spec.split("role=")[1]: t for spec, t in one.units.items()}
     middle = unit["forward:middle"] + unit["backward:middle"]
@@ -107,8 +114,7 @@ def test_simulate_pipeline_stages_prints_and_says_why_not(capsys):
     assert main(["simulate", spec, "--system", "switch:2x450", "--pipeline", "stages"]) == 0
     out = capsys.readouterr().out
     assert "each stage's own programs" in out and "stage 1: busy" in out
-    for bad, why in ((spec.replace("&remat=full", ""), "give remat=full"),
-                     (spec.replace("mesh=pp:2", "mesh=pp:2,fsdp:2").replace("devices=2", "devices=4"),
+    for bad, why in ((spec.replace("mesh=pp:2", "mesh=pp:2,fsdp:2").replace("devices=2", "devices=4"),
                       "fsdp inside a stage is not handled"),
                      ("zoo:mlp?layers=2", "the mlp family has no pipeline stages")):
         assert main(["simulate", bad, "--system", "switch:2x450", "--pipeline", "stages"]) == 2
@@ -142,13 +148,13 @@ def test_one_rank_per_stage_replays_the_step_of_every_rank():
 
 
 def test_sequence_parallel_stages_with_master_weights():
-    """sp=true on a tp pair: a stage sends and keeps its half of the sequence (half the bytes of the plain tp
-    stage's), and its update sums its norms' gradients over the pair; master=f32 keeps f32 weights, gradients
+    """sp=true on a tp pair: a stage sends and keeps its half of the sequence (little more than half what the
+    plain tp stage keeps), and its update sums its norms' gradients over the pair; master=f32 keeps f32 weights, gradients
     and Adam state beside the bf16 copy the units compute with."""
     base = f"{TRAIN}&dtype=bf16&optimizer=adam&mesh=pp:2,tp:2&devices=4&microbatch=2&schedule=1f1b"
     plain = simulate_stages(base, CARD, "switch:2x450,switch:2x50")
     seq = simulate_stages(f"{base}&sp=true&master=f32", CARD, "switch:2x450,switch:2x50")
-    assert seq.memory[0]["kept"] * 2 == plain.memory[0]["kept"]
+    assert seq.memory[0]["kept"] < 0.6 * plain.memory[0]["kept"]
     update = ingest(next(s for s in seq.units if s.endswith("role=update:middle") or s.endswith("role=update:last")))
     assert any(op.kind == "all_reduce" for op in update.ops)
     assert seq.memory[0]["parameters"] == 2 * seq.memory[0]["compute_copy"]          # f32 beside bf16

@@ -640,6 +640,14 @@ def _top_read_by(fn: Callable[[Any], Any], top: Shapes) -> list[str]:
     return [k for k, v in zip(names, closed.jaxpr.invars) if id(v) in read]
 
 
+def _traced_shapes(fn, args, in_specs, out_specs, tp: int):
+    """The shapes ``fn`` returns for ``args`` (inside shard_map over tp when ``tp`` > 1), traced, not run."""
+    if tp > 1:
+        fn = jax.shard_map(fn, mesh=AbstractMesh((tp,), ("tp",)), in_specs=in_specs, out_specs=out_specs,
+                           check_vma=False)
+    return jax.eval_shape(fn, *args)
+
+
 def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     """One pipeline stage's program (``p["role"]``, :data:`~.checks.ROLES`) on one device, or with
     ``mesh=tp:T`` on the stage's tensor-parallel group (shard_map: the weights split as Megatron splits them,
@@ -650,13 +658,12 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
       activation; ``forward:last`` (top, layers, activation, ctx[, targets]) -> the loss (training) or the
       output. ``ctx`` is what the embedding hands every block besides the activation (a transformer's
       rotary tables), which a stage without the embedding takes as an argument. In training a forward also
-      returns what the stage keeps for the microbatch's backward: every layer's input (Megatron's full
-      recomputation), and on the last stage the head's input.
-    * ``backward:PLACE`` (top, layers, what the forward kept, the tokens (first), ctx (not first), the
-      targets (last), the gradient of the activation it handed on (not last)) -> the gradients of its
-      parameters and of the activation it took (not the first stage's: tokens have none). Each layer is
-      made again from its kept input right before its gradients, last layer first, so a stage's working set
-      is one layer's, and a backward costs a forward more than without recomputation.
+      returns what the stage keeps for the microbatch's backward: what jax's gradient of the stage needs
+      besides the parameters, under ``remat`` (none: every intermediate the gradients read; full: each
+      layer's input, the layer made again in the backward; selective: that and the projections).
+    * ``backward:PLACE`` (top, layers, what the forward kept, the gradient of the activation it handed on
+      (not the last stage: its loss's own)) -> the gradients of its parameters and of the activation it took
+      (not the first stage's: tokens have none).
     * ``update:PLACE`` (parameters, gradients, optimizer state) -> (parameters, optimizer state): the
       optimizer step over the stage's parameters.
 
@@ -699,7 +706,6 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     # between the tp regions an activation is whole on every device, or under sp this device's part of the
     # sequence (so is what a stage sends on, and what it keeps)
     act_spec = P(None, "tp") if sp else P()
-    kept_spec = P(None, None, "tp") if sp else P()
 
     def export(fn, args, arg_specs, out_specs, roles):
         """``fn`` exported on one device, or inside shard_map over the stage's tp group; every argument kept
@@ -712,79 +718,69 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     def whole(tree):
         return jax.tree.map(lambda _: P(), tree)
 
-    block = block_fn(model, col)
+    remat = p.get("remat", "none")
 
     def full(top_p):
         return {**{k: None for k in model.top}, **top_p}
 
-    def through(layer_p, x, ctx_in):
-        """``x`` through the layers (one scan), and every layer's input: what a training stage keeps."""
-        return jax.lax.scan(lambda h, lp: (block(lp, h, ctx_in), h), x, layer_p)
-
-    def head_loss(top_p, h, ctx_in, targets=None):
-        out = model.head(full(top_p), h, ctx_in, col)
+    def stage(top_p, layer_p, x, c, targets=None):
+        """The stage's work on one microbatch: (embed,) its layers under ``remat`` (, head and loss)."""
+        if first:
+            x, c = model.embed(full(top_p), x, col)
+        h = run_layers(model, layer_p, x, c, col, scan=True, remat=remat)
+        if not last:
+            return h
+        out = model.head(full(top_p), h, c, col)
         return model.loss(out, targets, col).astype(jnp.float32) if train else out
 
     taken = inputs if first else activation
     ctx_arg = () if first else (ctx,)
     target_arg = (model.targets,) if last and train else ()
     n_params = len(jax.tree.leaves(top)) + len(jax.tree.leaves(layers))
-    if kind == "forward":
-        def forward(top_p, layer_p, x, *rest):
-            c = None if first else rest[0]
-            if first:
-                x, c = model.embed(full(top_p), x, col)
-            h, kept = through(layer_p, x, c)
-            if last:
-                out = head_loss(top_p, h, c, *rest[len(ctx_arg):])
-                return (out, kept, h) if train else out
-            return (h, kept) if train else h
+    args = (top, layers, taken, *ctx_arg, *target_arg)
+    in_specs = (top_spec, layer_spec, whole(taken) if first else act_spec, *whole((*ctx_arg, *target_arg)))
+    pullback: dict[str, Any] = {}
 
-        if train:
-            out_spec = (P(), kept_spec, act_spec) if last else (act_spec, kept_spec)
+    def forward(top_p, layer_p, x, *rest):
+        c = None if first else rest[0]
+        goal = rest[len(ctx_arg):]
+        if not train:
+            return stage(top_p, layer_p, x, c, *goal)
+        if first:                              # tokens have no gradient
+            out, pull = jax.vjp(lambda t, lp: stage(t, lp, x, c, *goal), top_p, layer_p)
         else:
-            out_spec = P(None, None, "tp") if last else act_spec        # an output: vocab-split logits
-        args = (top, layers, taken, *ctx_arg, *target_arg)
-        in_specs = (top_spec, layer_spec, whole(taken) if first else act_spec, *whole((*ctx_arg, *target_arg)))
+            out, pull = jax.vjp(lambda t, lp, a: stage(t, lp, a, c, *goal), top_p, layer_p, x)
+        # what the backward needs (jax's residuals) but the parameters, which the stage holds anyway
+        leaves, treedef = jax.tree.flatten(pull)
+        params = jax.tree.leaves((top_p, layer_p))
+        which = [next((i for i, q in enumerate(params) if q is leaf), None) for leaf in leaves]
+        pullback.update(treedef=treedef, which=which)
+        kept = [leaf[None] if tp > 1 else leaf for leaf, w in zip(leaves, which) if w is None]
+        return out, kept
+
+    if train:
+        out_spec = (P() if last else act_spec, P("tp"))
+    else:
+        out_spec = P(None, None, "tp") if last else act_spec        # an output: vocab-split logits
+    if kind == "forward":
         return export(forward, args, in_specs, out_spec,
                       [("parameters", n_params), ("activations", len(jax.tree.leaves(args[2:])))])
     if kind == "backward":
-        kept_shape = jax.ShapeDtypeStruct((model.layers, *activation.shape), activation.dtype)
-        head_in = (activation,) if last else ()
-        tokens_in = (inputs,) if first else ()
+        kept_shapes = _traced_shapes(forward, args, in_specs, out_spec, tp)[1]
         grad_in = () if last else (activation,)
 
-        def backward(top_p, layer_p, kept, *rest):
-            rest = list(rest)
-            h_last = rest.pop(0) if last else None
-            tokens = rest.pop(0) if first else None
-            c = model.embed(full(top_p), tokens, col)[1] if first else rest.pop(0)
-            targets = rest.pop(0) if last else None
-            g_top = jax.tree.map(jnp.zeros_like, top_p)
-            if last:                             # the loss's gradient through the head
-                g_top, g = jax.vjp(lambda t, h: head_loss(t, h, c, targets), top_p, h_last)[1](jnp.ones((), jnp.float32))
-            else:
-                g = rest.pop(0)
+        def backward(top_p, layer_p, kept, *g):
+            params = jax.tree.leaves((top_p, layer_p))
+            left = iter(kept)
+            leaves = [params[w] if w is not None else (next(left)[0] if tp > 1 else next(left))
+                      for w in pullback["which"]]
+            pull = jax.tree.unflatten(pullback["treedef"], leaves)
+            return pull(jnp.ones((), jnp.float32) if last else g[0])
 
-            def back(g, item):                   # each layer made again from its input, last first
-                lp, h = item
-                dlp, dh = jax.vjp(lambda a, b: block(a, b, c), lp, h)[1](g)
-                return dh, dlp
-
-            g_x, g_layers = jax.lax.scan(back, g.astype(activation.dtype), (layer_p, kept), reverse=True)
-            if first:
-                (g_top,) = jax.vjp(lambda t: model.embed(full(t), tokens, col)[0], top_p)[1](g_x)
-                return g_top, g_layers
-            return g_top, g_layers, g_x
-
-        args = (top, layers, kept_shape, *head_in, *tokens_in, *ctx_arg, *target_arg, *grad_in)
         out_specs = (top_spec, layer_spec) if first else (top_spec, layer_spec, act_spec)
-        n_act = len(jax.tree.leaves((tokens_in, ctx_arg, target_arg)))
-        in_specs = (top_spec, layer_spec, kept_spec, *(act_spec for _ in head_in), *whole((*tokens_in, *ctx_arg,
-                    *target_arg)), *(act_spec for _ in grad_in))
-        return export(backward, args, in_specs, out_specs,
-                      [("parameters", n_params), ("kept", 1 + len(head_in)), ("activations", n_act),
-                       ("incoming", len(grad_in))])
+        return export(backward, (top, layers, kept_shapes, *grad_in),
+                      (top_spec, layer_spec, [P("tp")] * len(kept_shapes), *(act_spec for _ in grad_in)), out_specs,
+                      [("parameters", n_params), ("kept", len(kept_shapes)), ("incoming", len(grad_in))])
     params = {"top": top, "layers": layers}
     master = p.get("master", "none") == "f32"
     if master:                                 # f32 master weights, gradients and state; a copy to compute with
