@@ -10,7 +10,7 @@ from tests.conftest import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "hespas_ml"
 LAYERS = [{"host", "units"}, {"ingest"}, {"costs"}, {"split"}, {"label", "replay"}, {"learn"}, {"fidelities"},
-          {"pipeline"}, {"use"}, {"cli"}]
+          {"pipeline", "pipeline_stages"}, {"use"}, {"cli"}]
 FACADE = "hespas_ml"        # the package itself: re-exports simulate (imported on first use) and its version
 
 
