@@ -1,11 +1,11 @@
 """A pipelined step simulated from its stages' own programs (``simulate --pipeline stages``).
 
 The default way through a pipelined zoo step (``mesh=pp:P,…``) is one SPMD program in which every stage
-runs every tick in lock-step. Here instead each distinct stage role is exported on its own, on one device,
-at one microbatch, on one device or on the stage's tensor-parallel group (the zoo's ``role`` parameter: the
-first stage's forward and backward embed the tokens,
-the last one's take the head and the loss, the ones between neither; each stage's optimizer update), and
-every role program goes through ingest, split and label as any program does. Their times become the units
+runs every tick in lock-step. Here instead each distinct stage role is exported on its own at one
+microbatch, on one device or on the stage's tensor-parallel group (the zoo's ``role`` parameter: the first
+stage's forward and backward embed the tokens, the last one's take the head and the loss, the ones between
+neither; each stage's optimizer update), and every role program goes through ingest, split and label as
+any program does. Their times become the units
 of the schedule (:mod:`hespas_ml.replay.schedules`): each stage runs its microbatches' forwards and
 backwards in the order GPipe, 1F1B or the interleaved schedule gives, hands activations on and gradients
 back with SEND/RECV nodes, all-reduces its gradients over its data-parallel replicas and updates; the
@@ -13,12 +13,12 @@ replay runs every rank's trace, so the bubble, the messages and the exposed all-
 
 A training stage keeps, for each microbatch in flight, what its backward needs under the step's ``remat``
 (every layer's input under full recomputation, each layer made again in the backward; every intermediate
-without): 1F1B keeps P - s microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says (pp outermost, tp innermost): rank = (stage · D +
-replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a tp group is replayed on the system's first T NPUs
-(its tp all-reduces inside its time); the schedule's messages go from each device to the same tp rank of
-the next stage, and the gradient all-reduce runs over the replicas of each tp rank. Under sequence parallelism (``sp=true``)
-a stage sends and keeps its part of the sequence. fsdp, cp and ep inside a stage are not laid out this way
-yet.
+without): 1F1B keeps P - s microbatches on stage s, GPipe all of them. Ranks are placed as the mesh says
+(pp outermost, tp innermost): rank = (stage · D + replica) · T + t for ``mesh=pp:P,dp:D,tp:T``. A unit on a
+tp group is replayed on the system's first T NPUs (its tp all-reduces inside its time); the schedule's
+messages go from each device to the same tp rank of the next stage, and the gradient all-reduce runs over
+the replicas of each tp rank. Under sequence parallelism (``sp=true``) a stage sends and keeps its part of
+the sequence. fsdp, cp and ep inside a stage are not laid out this way yet.
 """
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ class StagedResult:
     """One step of a pipeline from its stages' programs (see the module docstring). ``units``: each role
     program's time (one microbatch, or one update) by its spec; per stage its ``busy_s`` (units and update),
     its share of the step it has nothing to run (``idle``), the units it keeps in flight at its peak, and its
-    memory (``memory``: parameters, gradients, optimizer state, the microbatch inputs it keeps, the working
-    set of its largest unit, and their sum ``peak``)."""
+    memory (``memory``: parameters, gradients, optimizer state, what it keeps for the microbatches in flight,
+    the working set of its largest unit, and their sum ``peak``)."""
 
     program: str
     target: str
@@ -297,9 +297,9 @@ def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None,
 
 def _stage_memory(s, stages, chunks, forward, backward, updates, flight) -> dict[str, int]:
     """Stage ``s``'s memory at its peak: its parameters, gradients and optimizer state (its update program's
-    arguments; inference: its forwards' parameters), what it keeps for the units in flight (their layers'
-    inputs: a backward program's ``kept`` arguments), and the largest working set among its units (a unit
-    program's peak less its parameters and what it keeps)."""
+    arguments, and the copy its units compute with beside f32 master weights; inference: its forwards'
+    parameters), what it keeps for the units in flight (a backward program's ``kept`` arguments each), and the
+    largest working set among its units (a unit program's peak less its parameters and what it keeps)."""
     units = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r is not None]
     working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) - r.memory.get("kept", 0) for r in units)
     if updates[s] is not None:

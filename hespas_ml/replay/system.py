@@ -299,48 +299,47 @@ def load_system(spec: str | Path, *, local_mem_bw_gbps: float | None = None) -> 
     return SystemConfig(dims, system, {"memory-type": "NO_MEMORY_EXPANSION"}, text)
 
 
-def _cut(cfg: SystemConfig, npus: int) -> tuple[list[NetworkDim], list[NetworkDim]]:
-    """``cfg``'s dimensions split where its first ``npus`` ranks end: (the dimensions they span, the rest);
-    a dimension they end inside is cut in two, each part keeping its topology, bandwidth and latency."""
-    inner: list[NetworkDim] = []
-    outer: list[NetworkDim] = []
+Placed = list[tuple[NetworkDim, int]]
+"""Network dimensions, each with the index of the dimension of the whole system it is (a part of)."""
+
+
+def _cut(placed: Placed, npus: int, source: str) -> tuple[Placed, Placed]:
+    """``placed`` split where its first ``npus`` ranks end: (the dimensions they span, the rest); a
+    dimension they end inside is cut in two, each part keeping its topology, bandwidth, latency and index."""
+    inner: Placed = []
+    outer: Placed = []
     left = npus
-    for dim in cfg.dims:
+    for dim, index in placed:
         if left == 1:
-            outer.append(NetworkDim(dim.topology, dim.npus, dim.bandwidth_gbps, dim.latency_ns))
+            outer.append((dim, index))
             continue
         if left % dim.npus == 0:
             take = dim.npus
         elif dim.npus % left == 0:
             take = left
         else:
-            raise SystemConfigError(f"{cfg.source}: its first {npus} NPUs do not make whole groups of its "
-                                    f"dimensions ({' x '.join(str(d.npus) for d in cfg.dims)})")
-        inner.append(NetworkDim(dim.topology, take, dim.bandwidth_gbps, dim.latency_ns))
+            raise SystemConfigError(f"{source}: its first {npus} NPUs do not make whole groups of its "
+                                    f"dimensions ({' x '.join(str(d.npus) for d, _ in placed)})")
+        inner.append((NetworkDim(dim.topology, take, dim.bandwidth_gbps, dim.latency_ns), index))
         if dim.npus > take:
-            outer.append(NetworkDim(dim.topology, dim.npus // take, dim.bandwidth_gbps, dim.latency_ns))
+            outer.append((NetworkDim(dim.topology, dim.npus // take, dim.bandwidth_gbps, dim.latency_ns), index))
         left //= take
     if left != 1:
-        raise SystemConfigError(f"{cfg.source}: has {cfg.n_npus} NPUs, fewer than {npus}")
+        raise SystemConfigError(f"{source}: has {prod(d.npus for d, _ in placed)} NPUs, fewer than {npus}")
     return inner, outer
 
 
-def _made_of(cfg: SystemConfig, dims: list[NetworkDim], what: str) -> SystemConfig | None:
-    """A system of ``dims`` (None for none) with ``cfg``'s system settings, one implementation per dimension
-    (each dimension's own where the dimension came from one of ``cfg``'s, in order)."""
-    if not dims:
+def _made_of(cfg: SystemConfig, placed: Placed, what: str) -> SystemConfig | None:
+    """A system of the ``placed`` dimensions (None for none) with ``cfg``'s settings, each dimension taking
+    the collective implementations of the dimension of ``cfg`` it is (a part of)."""
+    if not placed:
         return None
     system = dict(cfg.system)
     for key in IMPLEMENTATION_KEYS.values():
         if isinstance(system.get(key), list) and system[key]:
             original = list(system[key])
-            picked = []
-            for dim in dims:
-                index = next((i for i, d in enumerate(cfg.dims) if d.topology == dim.topology
-                              and d.bandwidth_gbps == dim.bandwidth_gbps and d.latency_ns == dim.latency_ns
-                              and d.npus % dim.npus == 0), 0)
-                picked.append(original[min(index, len(original) - 1)])
-            system[key] = picked
+            system[key] = [original[min(index, len(original) - 1)] for _, index in placed]
+    dims = [dim for dim, _ in placed]
     shown = ",".join(f"{d.topology.lower()}:{d.npus}x{d.bandwidth_gbps:g}" for d in dims)
     return SystemConfig(dims, system, dict(cfg.remote_memory), f"{shown} ({what} of {cfg.source})")
 
@@ -350,7 +349,8 @@ def leading_system(cfg: SystemConfig, npus: int) -> SystemConfig | None:
     to what is left of ``npus`` where they end inside it (its topology, bandwidth and latency kept), the
     per-dimension collective implementations to match; None for one rank. A SystemConfigError (one line)
     when ``npus`` ranks do not make whole groups of the dimensions."""
-    return _made_of(cfg, _cut(cfg, npus)[0], f"the first {npus} NPUs")
+    placed = [(dim, i) for i, dim in enumerate(cfg.dims)]
+    return _made_of(cfg, _cut(placed, npus, cfg.source)[0], f"the first {npus} NPUs")
 
 
 def strided_system(cfg: SystemConfig, stride: int, npus: int) -> SystemConfig | None:
@@ -358,13 +358,13 @@ def strided_system(cfg: SystemConfig, stride: int, npus: int) -> SystemConfig | 
     left after the first ``stride`` ranks' dimensions, then the first ``npus`` of that (as
     :func:`leading_system` cuts); None for one rank. In a congestion-unaware replay their collectives and
     messages take the time they take on it."""
-    outer = _cut(cfg, stride)[1]
+    placed = [(dim, i) for i, dim in enumerate(cfg.dims)]
+    rest = _cut(placed, stride, cfg.source)[1]
     if npus == 1:
         return None
-    rest = SystemConfig(outer, cfg.system, cfg.remote_memory, cfg.source)
-    if not outer:
+    if not rest:
         raise SystemConfigError(f"{cfg.source}: has {cfg.n_npus} NPUs, fewer than {stride * npus}")
-    return _made_of(cfg, _cut(rest, npus)[0], f"its NPUs 0, {stride}, …, {stride * (npus - 1)}")
+    return _made_of(cfg, _cut(rest, npus, cfg.source)[0], f"its NPUs 0, {stride}, …, {stride * (npus - 1)}")
 
 
 def network_yaml(dims: list[NetworkDim]) -> str:

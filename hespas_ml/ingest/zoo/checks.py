@@ -54,8 +54,8 @@ sent to their experts and back with all_to_all), fsdp and dp, pipeline stages (`
 ROLE_KINDS = ("forward", "backward", "update")
 ROLE_PLACES = ("first", "middle", "last")
 ROLES = tuple(f"{kind}:{place}" for kind in ROLE_KINDS for place in ROLE_PLACES)
-"""What one pipeline stage runs (``role=KIND:PLACE``): a microbatch's ``forward`` or ``backward`` (the forward
-made again, then the gradients: as under remat=full) through ``layers`` layers, or the stage's optimizer
+"""What one pipeline stage runs (``role=KIND:PLACE``): a microbatch's ``forward`` or ``backward`` through
+``layers`` layers (what the backward needs kept or made again as ``remat`` says), or the stage's optimizer
 ``update``; the ``first`` stage embeds the tokens, the ``last`` takes the head and the loss, a ``middle`` one
 neither."""
 
@@ -83,7 +83,7 @@ MESH_PARAMS = (
              "their gradients and the optimizer state in f32 and computes in dtype=bf16 (a bf16 copy of the "
              "parameters made each step, as Megatron-LM and FSDP do); none: everything in dtype",
              choices=("none", "f32"), optional=True),
-    ZooParam("role", str, "", "one pipeline stage's own program on one device instead of the step: "
+    ZooParam("role", str, "", "one pipeline stage's own program (one device, or mesh=tp:T) instead of the step: "
              "forward:PLACE or backward:PLACE (one microbatch of batch sequences through layers layers) or "
              "update:PLACE (the optimizer over a stage of layers layers), PLACE first (embeds), middle or last "
              "(head and loss); empty: the whole step", choices=("", *ROLES), optional=True),
