@@ -18,23 +18,30 @@ without): 1F1B keeps P - s microbatches on stage s, GPipe all of them. Ranks are
 tp group is replayed on the system's first T NPUs (its tp all-reduces inside its time); the schedule's
 messages go from each device to the same tp rank of the next stage, and the gradient all-reduce runs over
 the replicas of each tp rank. Under sequence parallelism (``sp=true``) a stage sends and keeps its part of
-the sequence. fsdp, cp and ep inside a stage are not laid out this way yet.
+the sequence. Under Megatron-LM's distributed optimizer (``dist_opt=true``) each device updates its shard of
+the stage's optimizer state and master weights (the update role exported on that shard): the replicas
+reduce-scatter the gradients before it and all-gather the parameters after it. fsdp, cp and ep inside a
+stage are not laid out this way yet.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .ingest.errors import HespasError
 from .ingest.zoo.checks import mesh_of, microbatch_count, schedule_chunks
 from .ingest.zoo.specs import canonical_spec, is_zoo_spec, parse_zoo_spec
-from .pipeline import Question, ingest, run
+from .pipeline import MAX_TRACE_FILES, Question, ingest, run
 from .replay import chakra as et
-from .replay import replay
+from .replay import replay, write_comm_groups, write_system, write_traces
 from .replay.schedules import StageWork, in_flight, schedule_traces, stage_order
 from .replay.errors import SystemConfigError
 from .replay.system import leading_system, strided_system
+from .replay.timeline import step_spans, write_timeline
+from .units import progress_bar
 
 
 ALIKE_TOPOLOGIES = ("Switch", "FullyConnected")
@@ -74,6 +81,7 @@ class StagedResult:
     in_flight: list[int]
     memory: list[dict[str, int]]
     memory_capacity_bytes: float
+    optimizer_shards: int = 1        # replicas the optimizer state is sharded over (dist_opt), 1: whole
     replay_engine: str = ""
     warnings: list[str] = field(default_factory=list)
 
@@ -96,13 +104,17 @@ class StagedResult:
 
 
 def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofline", split: str = "fusion",
-                    replay_backend: str = "auto", every_rank: bool = False) -> StagedResult:
+                    replay_backend: str = "auto", every_rank: bool = False,
+                    out: str | Path | None = None, progress: bool = False) -> StagedResult:
     """Simulate one step of the pipelined zoo ``program`` from its stages' programs on ``system`` of
     ``target`` devices, timing their regions with ``fidelity`` (see the module docstring). The ranks of a
     stage run alike, so one rank per stage is replayed on the part of the system the stages span, each
     stage's gradient all-reduce timed on the part its replicas span: on switch and fully connected
     dimensions the same step as replaying every rank, to within the microsecond the all-reduce's wait is
-    rounded up to. ``every_rank``, a ring dimension or a system that cannot be cut so replays every rank."""
+    rounded to. ``every_rank``, a ring dimension or a system that cannot be cut so replays every rank.
+    ``out``: a folder for the replayed ranks' Chakra traces (one per stage, or every rank's),
+    ``comm_group.json``, the system they ran on, ``result.json`` and ``timeline.png``. ``progress``: a bar
+    with an ETA over the stage programs on stderr (exporting a large model's takes minutes)."""
     family, p, stages, replicas, tp, chunks, micro = _layout(program)
     question = Question.resolve(None, target, system, fidelity=fidelity, split=split, replay=replay_backend)
     if question.system is None or question.system.n_npus != stages * replicas * tp:
@@ -112,26 +124,42 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     train = p["step"] == "train"
     schedule = p["schedule"].split(":")[0]
     virtual = stages * chunks
+    sharded = bool(p.get("dist_opt")) and replicas > 1 and train
     unit = {**p, "mesh": f"tp:{tp}" if tp > 1 else "", "devices": tp, "microbatch": 0, "schedule": "gpipe",
-            "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual}
+            "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual, "dist_opt": False}
     place = ["first"] + ["middle"] * (virtual - 2) + ["last"]
     stage_place = ["first"] + ["middle"] * (stages - 2) + ["last"]
-    runs: dict[str, Any] = {}
+    update_unit = {**unit, "dist_opt": True, "mesh": f"dp:{replicas},tp:{tp}" if tp > 1 else f"dp:{replicas}",
+                   "devices": replicas * tp} if sharded else unit    # the update on this device's shard
 
-    def timed(role: str, layers: int) -> Any:
-        spec = canonical_spec(family, {**unit, "role": role, "layers": layers})
-        if spec not in runs:
+    def spec_of(role: str, layers: int, of: dict[str, Any] = unit) -> str:
+        return canonical_spec(family, {**of, "role": role, "layers": layers})
+
+    specs = {"forward": [spec_of(f"forward:{place[v]}", unit["layers"]) for v in range(virtual)],
+             "backward": [spec_of(f"backward:{place[v]}", unit["layers"]) if train else None
+                          for v in range(virtual)],
+             "update": [spec_of(f"update:{stage_place[s]}", p["layers"] // stages, update_unit) if train else None
+                        for s in range(stages)]}
+    runs: dict[str, Any] = {}
+    distinct = list(dict.fromkeys(x for kind in specs.values() for x in kind if x))
+    with progress_bar(len(distinct), "stage programs", "program", progress) as bar:
+        for spec in distinct:                  # exported (or read from the cache), split, labelled, replayed
+            bar.set_postfix_str(spec.rsplit("role=", 1)[-1].split("&")[0], refresh=False)
             runs[spec] = run(Question(spec, question.target, question.fidelity, group, question.split,
                                       question.replay))
-        return runs[spec]
-
-    forward = [timed(f"forward:{place[v]}", unit["layers"]) for v in range(virtual)]
-    backward = [timed(f"backward:{place[v]}", unit["layers"]) if train else None for v in range(virtual)]
-    updates = [timed(f"update:{stage_place[s]}", p["layers"] // stages) if train else None for s in range(stages)]
+            bar.update()
+    forward = [runs[x] for x in specs["forward"]]
+    backward = [runs[x] if x else None for x in specs["backward"]]
+    updates = [runs[x] if x else None for x in specs["update"]]
     message = int(backward[0].memory.get("incoming", 0)) if train else _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
-    step, engine, note, waits = _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train,
-                                        question, every_rank)
+    syncs = [_syncs(updates[s], [forward[c * stages + s] for c in range(chunks)], replicas, sharded) if train
+             else [] for s in range(stages)]
+    traces, replayed_on, groups, engine, note, waits = _rank_traces(
+        work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank)
+    name = f"{family}_stages"
+    written = _write_out(Path(out), name, traces, replayed_on, groups) if out is not None else []
+    step = replay(traces, replayed_on, groups or None, backend=question.replay)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy, flops = [], []
     for s in range(stages):
@@ -141,15 +169,20 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     last = max(step.ranks, key=lambda r: (r.finish_ns, -r.rank)).rank
     exposed = step.exposed_comm_s + (waits[last] if waits else 0.0)
     flight = [in_flight(order) if train else 0 for order in orders]
-    memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s]) for s in range(stages)]
-    warnings = sorted({w for r in runs.values() for w in r.warnings} | ({note} if note else set()))
+    master = p.get("master", "none") == "f32"
+    memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s], master,
+                            replicas if sharded else 1) for s in range(stages)]
+    warnings = sorted({w for r in runs.values() for w in r.warnings} | ({note} if note else set()) | set(written))
     capacity = float(question.target.mem_capacity)
-    return StagedResult(program, question.target.name, question.fidelity.name, question.split,
+    result = StagedResult(program, question.target.name, question.fidelity.name, question.split,
                         question.system.source, p["schedule"], stages, chunks, micro, replicas, tp, step.step_time_s,
                         exposed, flops[busy.index(max(busy))],
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
-                        engine, warnings)
+                        replicas if sharded else 1, engine, warnings)
+    if out is not None:
+        result.warnings += _write_out(Path(out), name, traces, replayed_on, groups, result)
+    return result
 
 
 def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]:
@@ -195,11 +228,24 @@ def _output_bytes(spec: str) -> int:
     return sum(t.nbytes for op in graph.outputs for t in graph.ops[op].result_types) or 1
 
 
-def _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank):
-    """(the replayed step, which ranks were replayed, a note when every rank had to be, each replayed rank's
-    all-reduce wait where it stands in for the all-reduce): one rank per stage where its peers in the other
-    stages and its replicas each lie along one switch or fully connected dimension (:func:`_alike_parts`),
-    else every rank."""
+def _syncs(update, forwards, replicas: int, sharded: bool) -> list[tuple[str, int, int, bool]]:
+    """What a stage's replicas exchange around its update, in order: (name, Chakra collective, comm_size,
+    before the update). Its gradients all-reduced; under the distributed optimizer reduce-scattered (the whole
+    gradient buffer in, this device's shard out) and the updated parameters all-gathered (each device's shard
+    of the copy the units compute with)."""
+    grads = int(update.memory.get("gradients", 0))
+    if not sharded:
+        return [("grads", et.ALL_REDUCE, grads, True)] if replicas > 1 and grads else []
+    copy = sum(int(f.memory.get("parameters", 0)) for f in forwards)
+    return [("grads", et.REDUCE_SCATTER, grads * replicas, True),
+            ("params", et.ALL_GATHER, math.ceil(copy / replicas), False)]
+
+
+def _rank_traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank):
+    """(the traces to replay, the system they run on, their communicator groups, which ranks they are, a note
+    when every rank had to be, each replayed rank's wait for its replicas' collectives where it stands in
+    for them): one rank per stage where its peers in the other stages and its replicas each lie along one
+    switch or fully connected dimension (:func:`_alike_parts`), else every rank."""
     system, backend = question.system, question.replay
     note = None
     if not every_rank and replicas * tp > 1:
@@ -208,16 +254,46 @@ def _replay(work, updates, schedule, stages, replicas, tp, micro, chunks, train,
             note = f"every rank replayed: {parts}"
         else:
             along, across = parts
-            delays = [_all_reduce_s(int(u.memory.get("gradients", 0)), across, backend) if train else 0.0
-                      for u in updates]
+            delays = [[_collective_s(kind, size, across, backend) for _, kind, size, _ in sync] for sync in syncs]
             traces = []
             for s, nodes in enumerate(schedule_traces(work, schedule, micro, chunks, train=train)):
                 if train:
-                    nodes = nodes + _update_nodes(nodes, updates[s], s, None, delays[s])
+                    nodes = nodes + _update_nodes(nodes, updates[s], s, syncs[s], None, delays[s])
                 traces.append(nodes)
-            return replay(traces, along, None, backend=backend), "one rank per stage", None, delays
-    traces, groups = _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
-    return replay(traces, system, groups or None, backend=backend), "every rank", note, None
+            return traces, along, {}, "one rank per stage", None, [sum(d) for d in delays]
+    traces, groups = _traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train)
+    return traces, system, groups, "every rank", note, None
+
+
+MAX_TIMELINE_RANKS = 64
+"""``--out`` draws the timeline of a replay of at most this many ranks (it replays them again, node by node)."""
+
+
+def _write_out(out: Path, name: str, traces, system, groups, result: StagedResult | None = None) -> list[str]:
+    """The replayed ranks' Chakra traces (``et/<name>.<rank>.et``), their communicator groups and system
+    files in ``out``; with ``result``, its ``result.json`` and the timeline. Returns warnings."""
+    warnings = []
+    if result is None:
+        out.mkdir(parents=True, exist_ok=True)
+        prefix = out / "et" / name
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        write_traces(prefix, traces if len(traces) <= MAX_TRACE_FILES else traces[:1])
+        if len(traces) > MAX_TRACE_FILES:
+            warnings.append(f"{out / 'et'}: rank 0's trace written, not all {len(traces)} (more than "
+                            f"{MAX_TRACE_FILES:,} ranks)")
+        write_comm_groups(groups, out / "comm_group.json")
+        write_system(system, out / "system")
+        return warnings
+    if len(traces) <= MAX_TIMELINE_RANKS:
+        write_timeline(out / "timeline.png", step_spans(traces, system, groups or None),
+                       f"{name}: {result.stages} stages, {result.schedule}, {result.microbatches} microbatches; "
+                       f"{result.target}, {result.fidelity}: step {result.step_time_s * 1e3:.3f} ms")
+    else:
+        warnings.append(f"{out / 'timeline.png'} not drawn: {len(traces)} ranks replayed (at most "
+                        f"{MAX_TIMELINE_RANKS})")
+    (out / "result.json").write_text(json.dumps({**result.to_dict(), "warnings": result.warnings + warnings},
+                                                indent=2))
+    return warnings
 
 
 def _alike_parts(system, stages: int, replicas: int, tp: int):
@@ -238,15 +314,16 @@ def _alike_parts(system, stages: int, replicas: int, tp: int):
     return along, across
 
 
-def _all_reduce_s(size: int, system, backend: str) -> float:
-    """How long an all-reduce of ``size`` bytes over every rank of ``system`` takes alone (0 without one)."""
+def _collective_s(kind: int, size: int, system, backend: str) -> float:
+    """How long a Chakra collective ``kind`` of ``comm_size`` ``size`` over every rank of ``system`` takes
+    alone (0 without one)."""
     if system is None or size <= 0:
         return 0.0
-    node = et.EtNode(0, "grads", et.COMM_COLL_NODE, [], [], 0, {"comm_type": et.ALL_REDUCE, "comm_size": size})
+    node = et.EtNode(0, "sync", et.COMM_COLL_NODE, [], [], 0, {"comm_type": kind, "comm_size": size})
     return replay([[node]] * system.n_npus, system, None, backend=backend).step_time_s
 
 
-def _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train):
+def _traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train):
     """Every rank's trace (rank = (stage · replicas + replica) · tp + t) and the data-parallel groups (one
     per stage and tp rank)."""
     per_stage = schedule_traces(work, schedule, micro, chunks, train=train)
@@ -268,45 +345,65 @@ def _traces(work, updates, schedule, stages, replicas, tp, micro, chunks, train)
                 mine.append(et.EtNode(n.id, n.name, n.type, list(n.data_deps), list(n.ctrl_deps), n.duration_micros,
                                       attrs))
             if train:
-                mine += _update_nodes(mine, updates[s], s, str(s * tp + t + 1) if replicas > 1 else None)
+                mine += _update_nodes(mine, updates[s], s, syncs[s], str(s * tp + t + 1) if replicas > 1 else None)
             traces.append(mine)
     return traces, groups
 
 
-def _update_nodes(nodes: list[et.EtNode], update, stage: int, group: str | None,
-                  all_reduce_s: float = 0.0) -> list[et.EtNode]:
-    """After a stage's last unit: its gradients all-reduced over ``group`` (its replicas; None: none) or, for
-    a stage replayed alone, a wait of ``all_reduce_s`` (what that all-reduce takes), then its optimizer
-    update."""
+def _update_nodes(nodes: list[et.EtNode], update, stage: int, syncs, group: str | None,
+                  waits: list[float] | None = None) -> list[et.EtNode]:
+    """After a stage's last unit: its optimizer update and the collectives ``syncs`` (:func:`_syncs`)
+    before and after it, over ``group`` (its replicas' communicator) or, for a stage replayed alone, as
+    waits of ``waits`` seconds (what each collective takes)."""
     last = max(n.id for n in nodes if n.type == et.COMP_NODE)
-    nid = len(nodes)
-    grads = int(update.memory.get("gradients", 0))
-    out = []
-    if group is not None and grads:
-        out.append(et.EtNode(nid, f"grads_stage{stage}", et.COMM_COLL_NODE, [last], [], 0,
-                             {"comm_type": et.ALL_REDUCE, "comm_size": grads, "pg_name": group}))
-        last, nid = nid, nid + 1
-    elif all_reduce_s > 0:
-        out.append(et.EtNode(nid, f"grads_stage{stage}", et.COMP_NODE, [last], [], math.ceil(all_reduce_s * 1e6),
-                             {"num_ops": 1, "tensor_size": grads or 1}))
-        last, nid = nid, nid + 1
-    out.append(et.EtNode(nid, f"update_stage{stage}", et.COMP_NODE, [last], [], int(round(update.step_time_s * 1e6)),
-                         {"num_ops": 1, "tensor_size": grads or 1}))
+    out: list[et.EtNode] = []
+    carried = 0.0                              # the waits' rounding to whole µs, carried from one to the next
+
+    def then(name: str, kind: int, duration: int, attrs: dict) -> None:
+        nonlocal last
+        nid = len(nodes) + len(out)
+        out.append(et.EtNode(nid, f"{name}_stage{stage}", kind, [last], [], duration, attrs))
+        last = nid
+
+    def sync(i: int) -> None:
+        nonlocal carried
+        name, kind, size, _ = syncs[i]
+        if group is not None:
+            then(name, et.COMM_COLL_NODE, 0, {"comm_type": kind, "comm_size": size, "pg_name": group})
+        elif waits and waits[i] > 0:
+            exact = waits[i] * 1e6 + carried
+            micros = max(1, round(exact))
+            carried = exact - micros
+            then(name, et.COMP_NODE, micros, {"num_ops": 1, "tensor_size": size})
+
+    for i in (i for i, x in enumerate(syncs) if x[3]):
+        sync(i)
+    size = int(update.memory.get("gradients", 0)) or 1
+    then("update", et.COMP_NODE, int(round(update.step_time_s * 1e6)), {"num_ops": 1, "tensor_size": size})
+    for i in (i for i, x in enumerate(syncs) if not x[3]):
+        sync(i)
     return out
 
 
-def _stage_memory(s, stages, chunks, forward, backward, updates, flight) -> dict[str, int]:
+def _stage_memory(s, stages, chunks, forward, backward, updates, flight, master: bool,
+                  shards: int = 1) -> dict[str, int]:
     """Stage ``s``'s memory at its peak: its parameters, gradients and optimizer state (its update program's
     arguments, and the copy its units compute with beside f32 master weights; inference: its forwards'
     parameters), what it keeps for the units in flight (a backward program's ``kept`` arguments each), and the
-    largest working set among its units (a unit program's peak less its parameters and what it keeps)."""
+    largest working set among its units (a unit program's peak less its parameters and what it keeps). Under
+    the distributed optimizer (``shards`` replicas) the update's arguments are this device's shard, but the
+    gradient buffer is whole until it is reduce-scattered, and without master weights the shard is part of
+    the parameters the units compute with."""
     units = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r is not None]
     working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) - r.memory.get("kept", 0) for r in units)
     if updates[s] is not None:
         fixed = {k: int(updates[s].memory.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state")}
+        fixed["gradients"] *= shards
         copy = sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks))
-        if copy != fixed["parameters"]:        # master weights beside the copy the units compute with
+        if master:                             # master weights beside the copy the units compute with
             fixed["compute_copy"] = copy
+        else:
+            fixed["parameters"] = copy
         per_unit = max(int(backward[c * stages + s].memory.get("kept", 0)) for c in range(chunks))
     else:
         fixed = {"parameters": sum(int(forward[c * stages + s].memory.get("parameters", 0)) for c in range(chunks)),

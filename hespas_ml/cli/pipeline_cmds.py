@@ -147,12 +147,10 @@ def cmd_simulate(args) -> int:
 
 
 def _simulate_stages(args) -> int:
-    from ..pipeline_stages import StagedPipelineError, simulate_stages
+    from ..pipeline_stages import simulate_stages
 
-    if args.out:
-        raise StagedPipelineError("--pipeline stages keeps no traces yet: leave --out out")
     res = simulate_stages(args.program, args.target, args.system, fidelity=args.fidelity, split=args.split,
-                          replay_backend=args.replay)
+                          replay_backend=args.replay, out=args.out, progress=not args.json and sys.stderr.isatty())
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
@@ -162,17 +160,24 @@ def _simulate_stages(args) -> int:
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split), each stage's own programs\n")
     w(f"system        {res.system}   replay {res.replay_engine}\n")
     w(f"schedule      {res.schedule}: {res.microbatches} microbatches a replica, {res.chunks} chunk"
-      f"{'s' if res.chunks > 1 else ''} a stage\n")
+      f"{'s' if res.chunks > 1 else ''} a stage"
+      + (f"; optimizer state sharded over the {res.optimizer_shards} replicas" if res.optimizer_shards > 1 else "")
+      + "\n")
     w(f"step time     {format_seconds(res.step_time_s)}   (the busiest stage idle {res.bubble:.1%} of it)\n")
     for s, (busy, idle, flight, mem) in enumerate(zip(res.busy_s, res.idle, res.in_flight, res.memory)):
         w(f"{'stages' if s == 0 else '':<14}stage {s}: busy {format_seconds(busy)} (idle {idle:.1%}), "
           f"{flight} unit{'s' if flight != 1 else ''} in flight, {format_bytes(mem['peak'])} at the peak\n")
-    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak on the fullest stage; "
-      f"{'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
+    fullest = max(res.memory, key=lambda m: m["peak"])
+    w(f"memory        {format_bytes(res.peak_memory_bytes)} at the peak on the fullest stage ("
+      + ", ".join(f"{format_bytes(v)} {k.replace('_', ' ')}" for k, v in fullest.items() if k != "peak" and v)
+      + f"); {'fits' if res.fits else 'does NOT fit'} in {res.target}'s {format_bytes(res.memory_capacity_bytes)}\n")
     w("units         " + ", ".join(f"{spec.rsplit('role=', 1)[-1].split('&')[0]} {format_seconds(t)}"
                                    for spec, t in res.units.items()) + "\n")
     for msg in res.warnings:
         print(f"warning: {msg}", file=sys.stderr)
+    if args.out:
+        w(f"\ntraces ({res.replay_engine}), comm_group.json, the system files, result.json and timeline.png "
+          f"written to {args.out}\n")
     return 0
 
 

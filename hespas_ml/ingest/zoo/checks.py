@@ -83,6 +83,11 @@ MESH_PARAMS = (
              "their gradients and the optimizer state in f32 and computes in dtype=bf16 (a bf16 copy of the "
              "parameters made each step, as Megatron-LM and FSDP do); none: everything in dtype",
              choices=("none", "f32"), optional=True),
+    ZooParam("dist_opt", bool, False, "Megatron-LM's distributed optimizer: each pipeline stage's optimizer "
+             "state (and f32 master weights) sharded over its data-parallel replicas, its gradients "
+             "reduce-scattered over them and the updated parameters all-gathered; laid out from the stages' "
+             "own programs (simulate --pipeline stages; an update role takes mesh=dp:D[,tp:T], D its shards)",
+             optional=True),
     ZooParam("role", str, "", "one pipeline stage's own program (one device, or mesh=tp:T) instead of the step: "
              "forward:PLACE or backward:PLACE (one microbatch of batch sequences through layers layers) or "
              "update:PLACE (the optimizer over a stage of layers layers), PLACE first (embeds), middle or last "
@@ -220,12 +225,21 @@ def check_layout(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "b
             return (f"role={p['role']} runs on one device or on a stage's tensor-parallel group: give mesh=tp:T "
                     f"for {p['devices']} devices") if p.get("devices", 1) > 1 else None
         try:
-            inside = set(parse_mesh(p["mesh"])) - {"tp"}
+            mesh = parse_mesh(p["mesh"])
         except ValueError as exc:
             return str(exc)
+        sharded = p["role"].startswith("update") and p.get("dist_opt")
+        inside = set(mesh) - ({"tp", "dp"} if sharded else {"tp"})
         if inside:
-            return (f"role={p['role']} runs on one stage's tensor-parallel group: its mesh takes tp alone, not "
-                    f"{', '.join(sorted(inside))}")
+            return (f"role={p['role']} runs on one stage's tensor-parallel group: its mesh takes tp alone"
+                    f"{' (and dp, its shards, with dist_opt=true)' if p['role'].startswith('update') else ''}, "
+                    f"not {', '.join(sorted(inside))}")
+        if sharded and mesh.get("dp", 1) > 1:     # the shards of an update: the batch is no one's
+            tp = mesh.get("tp", 1)
+            if math.prod(mesh.values()) != p["devices"]:
+                return f"mesh={p['mesh']} spans {math.prod(mesh.values())} devices, not devices={p['devices']}"
+            return check_mesh({**p, "mesh": f"tp:{tp}" if tp > 1 else "", "devices": tp}, tp_dims, batch_key,
+                              ep_dims)
         return check_mesh(p, tp_dims, batch_key, ep_dims)
     if p["mesh"]:
         return check_mesh(p, tp_dims, batch_key, ep_dims)
@@ -268,6 +282,8 @@ def check_mesh(p: dict[str, Any], tp_dims: dict[str, int], batch_key: str = "bat
         chunks = schedule_chunks(p.get("schedule", "gpipe"))
     except ValueError as exc:
         return str(exc)
+    if p.get("dist_opt") and p.get("step") != "train":
+        return "dist_opt=true shards a training step's optimizer: it needs step=train"
     if p.get("master", "none") != "none" and (p.get("dtype") != "bf16" or p.get("step") != "train"):
         return (f"master={p['master']} keeps f32 weights beside a bf16 training step: it needs dtype=bf16 and "
                 "step=train")

@@ -6,7 +6,8 @@ attention with biases; a GELU MLP of ``ffn`` hidden units, 4·d_model by default
 head: the embedding transposed (``tied=true``, the default, as GPT-2 and Megatron) or its own matrix. The
 vocabulary is padded as Megatron-LM pads it: up to a multiple of 128 × the tensor-parallel size (GPT-2's
 50,257 tokens become 50,304 on one device, 51,200 with tp 8). The loss is next-token cross-entropy.
-``scan=true`` runs the layers as one ``lax.scan``.
+``scan=true`` runs the layers as one ``lax.scan``. Its LayerNorms and GELU are Megatron-LM's fused kernels:
+their backward keeps their inputs (and a norm's row statistics) and recomputes the rest.
 
 ``devices=N`` with ``parallel`` = ``dp`` | ``fsdp`` | ``tp`` (explicit collectives) or the same with
 ``-partitioned``; ``mesh=pp:S,dp:D,fsdp:F,tp:T`` uses several at once, ``pp`` as a GPipe (or with
@@ -119,18 +120,18 @@ def generate(p: dict[str, Any]) -> str | bytes:
         return x + col.seq_shard(positions), None
 
     def block(lp, x, ctx, col):
-        h = col.enter_tp(tf.layer_norm(x, lp["ln1_g"], lp["ln1_b"]))
+        h = col.enter_tp(tf.fused_layer_norm(x, lp["ln1_g"], lp["ln1_b"]))
         b, n, _ = h.shape              # the whole sequence (under sequence parallelism x holds a part)
         q, k, v = ((h @ lp[w] + lp[bias]).reshape(b, n, -1, hd)
                    for w, bias in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
         o = tf.causal_attention(q, k, v, col, fused=p["attention"] == "fused").reshape(b, n, -1)
         x = x + col.exit_tp(o @ lp["wo"]) + lp["bo"]
-        h = col.enter_tp(tf.layer_norm(x, lp["ln2_g"], lp["ln2_b"]))
-        h = jax.nn.gelu(h @ lp["w1"] + lp["b1"], approximate=True)
+        h = col.enter_tp(tf.fused_layer_norm(x, lp["ln2_g"], lp["ln2_b"]))
+        h = tf.fused_gelu(h @ lp["w1"] + lp["b1"])
         return x + col.exit_tp(h @ lp["w2"]) + lp["b2"]
 
     def head(t, x, ctx, col):
-        x = tf.layer_norm(x, t["lnf_g"], t["lnf_b"])
+        x = tf.fused_layer_norm(x, t["lnf_g"], t["lnf_b"])
         return tf.vocab_head(x, t["embed"].T if tied else t["head"], col)
 
     tokens = jax.ShapeDtypeStruct((p["batch"], p["seq"]), jnp.int32)

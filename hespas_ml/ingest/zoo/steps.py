@@ -10,6 +10,7 @@ This module imports jax; import it only inside a generator.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..export import export_jax, export_partitioned
+from ..export import ExportError, export_jax, export_partitioned
 from .checks import MESH_AXES, mesh_of, microbatch_count, schedule_chunks
 from .parallel import (AXIS, BATCH_SHARDED, Axes, Collectives, base_strategy, fsdp_axis, is_partitioned,
                        make_mesh, psum_replicated, spec)
@@ -665,7 +666,9 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
       (not the last stage: its loss's own)) -> the gradients of its parameters and of the activation it took
       (not the first stage's: tokens have none).
     * ``update:PLACE`` (parameters, gradients, optimizer state) -> (parameters, optimizer state): the
-      optimizer step over the stage's parameters.
+      optimizer step over the stage's parameters. Under ``dist_opt`` with ``mesh=dp:D[,tp:T]``, over this
+      device's shard of them: 1/D of each tensor-parallel part, flattened (Megatron-LM's distributed
+      optimizer, which updates a flat slice of the gradient buffer).
 
     ``top`` is the part of the model's top parameters the place reads (the first stage the embedding's, the
     last the head's and the loss's)."""
@@ -785,6 +788,19 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
     master = p.get("master", "none") == "f32"
     if master:                                 # f32 master weights, gradients and state; a copy to compute with
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), params)
+    shards = mesh_of(p).get("dp", 1) if p.get("dist_opt") else 1
+    param_specs = {"top": top_spec, "layers": layer_spec} if tp > 1 else None
+    if shards > 1:                             # this device's 1/shards of each (tp-local) parameter, flat
+        leaves, treedef = jax.tree.flatten(params)
+        split = jax.tree.leaves(axes, is_leaf=lambda a: a is None) if tp > 1 else [None] * len(leaves)
+
+        def flat_shard(a, axis):
+            local = math.prod(a.shape) // (tp if axis is not None else 1)
+            return jax.ShapeDtypeStruct((-(-local // shards) * tp,), a.dtype)
+
+        params = jax.tree.unflatten(treedef, [flat_shard(a, axis) for a, axis in zip(leaves, split)])
+        if tp > 1:
+            param_specs = jax.tree.map(lambda _: P("tp"), params)
     opt = opt_shapes(params, p["optimizer"])
     compute = jax.tree.leaves(shapes)[0].dtype
 
@@ -795,7 +811,6 @@ def export_role(model: LayeredModel, p: dict[str, Any], name: str) -> str:
         prm, opt_state = apply_update(prm, grads, opt_state, p["optimizer"])
         return (prm, opt_state, jax.tree.map(lambda w: w.astype(compute), prm)) if master else (prm, opt_state)
 
-    param_specs = {"top": top_spec, "layers": layer_spec} if tp > 1 else None
     o_specs = opt_specs(param_specs, p["optimizer"]) if tp > 1 else None
     outs = (param_specs, o_specs, param_specs) if master else (param_specs, o_specs)
     return export(update, (params, params, opt), (param_specs, param_specs, o_specs), outs,
@@ -809,6 +824,9 @@ def export_family_step(model: LayeredModel, p: dict[str, Any], family: str) -> s
     instead (:func:`export_role`), called ``zoo_<family>_<kind>_<place>``."""
     if p.get("role"):
         return export_role(model, p, f"zoo_{family}_{p['role'].replace(':', '_')}")
+    if p.get("dist_opt"):
+        raise ExportError("dist_opt=true is laid out from each pipeline stage's own programs (simulate --pipeline "
+                         "stages); the one-program step keeps the whole optimizer state (fsdp shards it)")
     name = f"zoo_{family}_{p['step']}"
     if p.get("mesh") or p.get("microbatch") or p.get("remat", "none") != "none" or p.get("sp") \
             or p.get("master", "none") != "none":

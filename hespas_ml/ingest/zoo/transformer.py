@@ -35,6 +35,62 @@ def layer_norm(x, g, b):
     return ((xf - mean) * jax.lax.rsqrt(var + NORM_EPS)).astype(x.dtype) * g + b
 
 
+@jax.custom_vjp
+def fused_layer_norm(x, g, b):
+    """:func:`layer_norm` as a fused kernel computes it (Apex's, which Megatron-LM uses): its backward keeps
+    the input and each row's mean and reciprocal deviation, not the f32 intermediates jax's own gradient
+    would keep."""
+    return layer_norm(x, g, b)
+
+
+def _layer_norm_stats(x):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    return xf, mean, jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + NORM_EPS)
+
+
+def _layer_norm_fwd(x, g, b):
+    xf, mean, rstd = _layer_norm_stats(x)
+    return ((xf - mean) * rstd).astype(x.dtype) * g + b, (x, mean, rstd, g)
+
+
+def _layer_norm_bwd(res, dy):
+    x, mean, rstd, g = res
+    lead = tuple(range(x.ndim - 1))
+    xhat = (x.astype(jnp.float32) - mean) * rstd
+    dyf = dy.astype(jnp.float32)
+    dxhat = dyf * g.astype(jnp.float32)
+    dx = rstd * (dxhat - jnp.mean(dxhat, axis=-1, keepdims=True)
+                 - xhat * jnp.mean(dxhat * xhat, axis=-1, keepdims=True))
+    return dx.astype(x.dtype), jnp.sum(dyf * xhat, axis=lead).astype(g.dtype), jnp.sum(dyf, axis=lead).astype(g.dtype)
+
+
+fused_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@jax.custom_vjp
+def fused_gelu(x):
+    """Tanh-approximated GELU as Megatron-LM's fused bias-GELU kernel computes it: its backward keeps the
+    input alone and recomputes the rest, where jax's own gradient keeps every intermediate of the formula."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _gelu_fwd(x):
+    return jax.nn.gelu(x, approximate=True), x
+
+
+def _gelu_bwd(x, dy):
+    xf = x.astype(jnp.float32)
+    t = jnp.tanh(GELU_C * (xf + 0.044715 * xf ** 3))
+    grad = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * GELU_C * (1 + 3 * 0.044715 * xf * xf)
+    return ((dy.astype(jnp.float32) * grad).astype(x.dtype),)
+
+
+fused_gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
 def rope_tables(seq: int, head_dim: int, dtype):
     """Rotary embedding tables ``(cos, sin)``, each ``[seq, head_dim/2]``."""
     inv = ROPE_THETA ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
