@@ -158,7 +158,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     traces, replayed_on, groups, engine, note, waits = _rank_traces(
         work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank)
     name = f"{family}_stages"
-    written = _write_out(Path(out), name, traces, replayed_on, groups) if out is not None else []
+    written = _write_inputs(Path(out), name, traces, replayed_on, groups) if out is not None else []
     step = replay(traces, replayed_on, groups or None, backend=question.replay)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy, flops = [], []
@@ -181,7 +181,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
                         replicas if sharded else 1, engine, warnings)
     if out is not None:
-        result.warnings += _write_out(Path(out), name, traces, replayed_on, groups, result)
+        result.warnings += _write_result(Path(out), name, traces, replayed_on, groups, result)
     return result
 
 
@@ -269,21 +269,21 @@ MAX_TIMELINE_RANKS = 64
 """``--out`` draws the timeline of a replay of at most this many ranks (it replays them again, node by node)."""
 
 
-def _write_out(out: Path, name: str, traces, system, groups, result: StagedResult | None = None) -> list[str]:
-    """The replayed ranks' Chakra traces (``et/<name>.<rank>.et``), their communicator groups and system
-    files in ``out``; with ``result``, its ``result.json`` and the timeline. Returns warnings."""
+def _write_inputs(out: Path, name: str, traces, system, groups) -> list[str]:
+    """The replayed ranks' Chakra traces (``et/<name>.<rank>.et``), their communicator groups and system files
+    in ``out``, written before the replay so that a failing one leaves its inputs. Returns warnings."""
+    prefix = out / "et" / name
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    write_traces(prefix, traces if len(traces) <= MAX_TRACE_FILES else traces[:1])
+    write_comm_groups(groups, out / "comm_group.json")
+    write_system(system, out / "system")
+    return [f"{out / 'et'}: rank 0's trace written, not all {len(traces)} (more than {MAX_TRACE_FILES:,} ranks)"] \
+        if len(traces) > MAX_TRACE_FILES else []
+
+
+def _write_result(out: Path, name: str, traces, system, groups, result: StagedResult) -> list[str]:
+    """``result.json`` and the timeline of the replayed ranks in ``out``. Returns warnings."""
     warnings = []
-    if result is None:
-        out.mkdir(parents=True, exist_ok=True)
-        prefix = out / "et" / name
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-        write_traces(prefix, traces if len(traces) <= MAX_TRACE_FILES else traces[:1])
-        if len(traces) > MAX_TRACE_FILES:
-            warnings.append(f"{out / 'et'}: rank 0's trace written, not all {len(traces)} (more than "
-                            f"{MAX_TRACE_FILES:,} ranks)")
-        write_comm_groups(groups, out / "comm_group.json")
-        write_system(system, out / "system")
-        return warnings
     if len(traces) <= MAX_TIMELINE_RANKS:
         write_timeline(out / "timeline.png", step_spans(traces, system, groups or None),
                        f"{name}: {result.stages} stages, {result.schedule}, {result.microbatches} microbatches; "
