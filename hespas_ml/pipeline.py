@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .costs import graph_cost
 from .fidelities import get_fidelity
@@ -36,7 +36,7 @@ from .label.fidelity import Fidelity, Label, label_caveats, label_in_chunks
 from .label.targets import Target, load_target
 from .replay import BACKENDS, ReplayError, ReplayResult
 from .replay import replay as replay_traces
-from .replay.chakra import write_traces
+from .replay.chakra import EtNode, write_traces
 from .replay.system import SystemConfig, load_system, write_comm_groups, write_system
 from .replay.timeline import step_spans, write_timeline
 from .replay.traces import TraceSet, build_traces
@@ -383,10 +383,7 @@ def run(question: Question, *, out: str | Path | None = None, progress: bool = F
     t = time.perf_counter()
     traces = trace(rg, times)
     if out_dir is not None:                 # before the replay, so that a failing replay leaves its inputs
-        _write_outputs(out_dir, graph.name, traces.point, q.system, rows)
-        if traces.point.n_ranks > MAX_TRACE_FILES:
-            graph.warnings.append(f"{out_dir / 'et'}: rank 0's trace written, not all {traces.point.n_ranks} "
-                                  f"(more than {MAX_TRACE_FILES:,} ranks)")
+        graph.warnings += _write_outputs(out_dir, graph.name, traces.point, q.system, rows)
     step = replay(traces, q.system, q.replay, binary=q.astra_sim_bin,
                   workdir=(out_dir / "astra-sim") if out_dir and q.system else None, record_nodes=out_dir is not None)
     timings["replay"] = time.perf_counter() - t
@@ -456,14 +453,23 @@ MAX_TRACE_FILES = 1024
 trace is megabytes: thousands of them would fill a disk)."""
 
 
-def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionRow]) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_replay_inputs(out_dir: Path, name: str, traces: Sequence[Sequence[EtNode]],
+                        comm_groups: dict[int, list[int]], system: SystemConfig | None) -> list[str]:
+    """What a replay reads, in ``out_dir``: the Chakra traces ``et/<name>.<rank>.et`` (rank 0's alone above
+    :data:`MAX_TRACE_FILES` ranks), ``comm_group.json`` and the system's files. Returns warnings."""
     prefix = out_dir / "et" / name
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    write_traces(prefix, traces.traces if traces.n_ranks <= MAX_TRACE_FILES else [traces.traces[0]])
-    write_comm_groups(traces.comm_groups, out_dir / "comm_group.json")
-    if sys_cfg is not None:
-        write_system(sys_cfg, out_dir / "system")
+    write_traces(prefix, traces if len(traces) <= MAX_TRACE_FILES else [traces[0]])
+    write_comm_groups(comm_groups, out_dir / "comm_group.json")
+    if system is not None:
+        write_system(system, out_dir / "system")
+    return [f"{out_dir / 'et'}: rank 0's trace written, not all {len(traces)} (more than {MAX_TRACE_FILES:,} "
+            f"ranks)"] if len(traces) > MAX_TRACE_FILES else []
+
+
+def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionRow]) -> list[str]:
+    """The replay's inputs (:func:`write_replay_inputs`) and ``regions.csv``. Returns warnings."""
+    warnings = write_replay_inputs(out_dir, name, traces.traces, traces.comm_groups, sys_cfg)
     with open(out_dir / "regions.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["region", "kind", "name", "count", "flops", "bytes", "comm_bytes", "seconds",
@@ -471,8 +477,8 @@ def _write_outputs(out_dir: Path, name: str, traces, sys_cfg, rows: list[RegionR
         for r in rows:
             w.writerow([r.id, r.kind, r.name, r.count, f"{r.flops:.6g}", f"{r.bytes:.6g}", r.comm_bytes,
                         f"{r.seconds:.6g}", f"{r.total_seconds:.6g}", r.bound])
-    return prefix
+    return warnings
 
 
 __all__ = ["Question", "RegionRow", "RegionTimes", "SimulationError", "SimulationResult", "Step", "StepTraces",
-           "ingest", "label", "replay", "run", "simulate", "split", "trace"]
+           "ingest", "label", "replay", "run", "simulate", "split", "trace", "write_replay_inputs"]

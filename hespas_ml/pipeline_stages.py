@@ -34,9 +34,9 @@ from typing import Any
 from .ingest.errors import HespasError
 from .ingest.zoo.checks import mesh_of, microbatch_count, schedule_chunks
 from .ingest.zoo.specs import canonical_spec, is_zoo_spec, parse_zoo_spec
-from .pipeline import MAX_TRACE_FILES, Question, ingest, run
+from .pipeline import Question, ingest, run, write_replay_inputs
 from .replay import chakra as et
-from .replay import replay, write_comm_groups, write_system, write_traces
+from .replay import replay
 from .replay.schedules import StageWork, in_flight, schedule_traces, stage_order
 from .replay.errors import SystemConfigError
 from .replay.system import leading_system, strided_system
@@ -158,7 +158,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     traces, replayed_on, groups, engine, note, waits = _rank_traces(
         work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank)
     name = f"{family}_stages"
-    written = _write_inputs(Path(out), name, traces, replayed_on, groups) if out is not None else []
+    written = write_replay_inputs(Path(out), name, traces, groups, replayed_on) if out is not None else []
     step = replay(traces, replayed_on, groups or None, backend=question.replay)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy, flops = [], []
@@ -181,7 +181,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
                         replicas if sharded else 1, engine, warnings)
     if out is not None:
-        result.warnings += _write_result(Path(out), name, traces, replayed_on, groups, result)
+        _write_result(Path(out), name, traces, replayed_on, groups, result)
     return result
 
 
@@ -269,31 +269,17 @@ MAX_TIMELINE_RANKS = 64
 """``--out`` draws the timeline of a replay of at most this many ranks (it replays them again, node by node)."""
 
 
-def _write_inputs(out: Path, name: str, traces, system, groups) -> list[str]:
-    """The replayed ranks' Chakra traces (``et/<name>.<rank>.et``), their communicator groups and system files
-    in ``out``, written before the replay so that a failing one leaves its inputs. Returns warnings."""
-    prefix = out / "et" / name
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    write_traces(prefix, traces if len(traces) <= MAX_TRACE_FILES else traces[:1])
-    write_comm_groups(groups, out / "comm_group.json")
-    write_system(system, out / "system")
-    return [f"{out / 'et'}: rank 0's trace written, not all {len(traces)} (more than {MAX_TRACE_FILES:,} ranks)"] \
-        if len(traces) > MAX_TRACE_FILES else []
-
-
-def _write_result(out: Path, name: str, traces, system, groups, result: StagedResult) -> list[str]:
-    """``result.json`` and the timeline of the replayed ranks in ``out``. Returns warnings."""
-    warnings = []
+def _write_result(out: Path, name: str, traces, system, groups, result: StagedResult) -> None:
+    """``result.json`` and the timeline of the replayed ranks in ``out`` (a warning in the result where
+    there are too many ranks to draw)."""
     if len(traces) <= MAX_TIMELINE_RANKS:
         write_timeline(out / "timeline.png", step_spans(traces, system, groups or None),
                        f"{name}: {result.stages} stages, {result.schedule}, {result.microbatches} microbatches; "
                        f"{result.target}, {result.fidelity}: step {result.step_time_s * 1e3:.3f} ms")
     else:
-        warnings.append(f"{out / 'timeline.png'} not drawn: {len(traces)} ranks replayed (at most "
-                        f"{MAX_TIMELINE_RANKS})")
-    (out / "result.json").write_text(json.dumps({**result.to_dict(), "warnings": result.warnings + warnings},
-                                                indent=2))
-    return warnings
+        result.warnings.append(f"{out / 'timeline.png'} not drawn: {len(traces)} ranks replayed (at most "
+                               f"{MAX_TIMELINE_RANKS})")
+    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
 
 
 def _alike_parts(system, stages: int, replicas: int, tp: int):

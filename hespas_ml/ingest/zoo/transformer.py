@@ -29,10 +29,17 @@ def rms_norm(x, w):
 
 def layer_norm(x, g, b):
     """LayerNorm over the last axis with gain ``g`` and bias ``b``."""
+    return _layer_norm_parts(x, g, b)[0]
+
+
+def _layer_norm_parts(x, g, b):
+    """(LayerNorm's output, each row's mean, each row's reciprocal deviation), in f32 within."""
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    return ((xf - mean) * jax.lax.rsqrt(var + NORM_EPS)).astype(x.dtype) * g + b
+    centred = xf - mean
+    rstd = jax.lax.rsqrt(var + NORM_EPS)
+    return (centred * rstd).astype(x.dtype) * g + b, mean, rstd
 
 
 @jax.custom_vjp
@@ -43,15 +50,9 @@ def fused_layer_norm(x, g, b):
     return layer_norm(x, g, b)
 
 
-def _layer_norm_stats(x):
-    xf = x.astype(jnp.float32)
-    mean = jnp.mean(xf, axis=-1, keepdims=True)
-    return xf, mean, jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + NORM_EPS)
-
-
 def _layer_norm_fwd(x, g, b):
-    xf, mean, rstd = _layer_norm_stats(x)
-    return ((xf - mean) * rstd).astype(x.dtype) * g + b, (x, mean, rstd, g)
+    y, mean, rstd = _layer_norm_parts(x, g, b)
+    return y, (x, mean, rstd, g)
 
 
 def _layer_norm_bwd(res, dy):
