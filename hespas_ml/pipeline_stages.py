@@ -20,8 +20,12 @@ messages go from each device to the same tp rank of the next stage, and the grad
 the replicas of each tp rank. Under sequence parallelism (``sp=true``) a stage sends and keeps its part of
 the sequence. Under Megatron-LM's distributed optimizer (``dist_opt=true``) each device updates its shard of
 the stage's optimizer state and master weights (the update role exported on that shard): the replicas
-reduce-scatter the gradients before it and all-gather the parameters after it. fsdp, cp and ep inside a
-stage are not laid out this way yet.
+reduce-scatter the gradients before it and all-gather the parameters after it. ``fsdp`` inside a stage
+shards the same way over its fsdp group, as PyTorch's pipeline schedules run FSDP: parameters gathered once
+a step and kept for every microbatch, gradients accumulated whole and reduce-scattered after the last
+backward; the stage's ``dp`` replicas (``mesh=pp:P,dp:D,fsdp:F,tp:T``, fsdp inside dp) all-reduce their
+shards (with ``dist_opt=true`` the shards span dp too). cp and ep inside a stage are not laid out this way
+yet.
 """
 from __future__ import annotations
 
@@ -81,7 +85,8 @@ class StagedResult:
     in_flight: list[int]
     memory: list[dict[str, int]]
     memory_capacity_bytes: float
-    optimizer_shards: int = 1        # replicas the optimizer state is sharded over (dist_opt), 1: whole
+    optimizer_shards: int = 1        # replicas the optimizer state is sharded over (dist_opt, fsdp), 1: whole
+    model_flops: float = 0.0         # every device's: each stage's units and update on its replicas × tp
     replay_engine: str = ""
     warnings: list[str] = field(default_factory=list)
 
@@ -115,7 +120,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     ``out``: a folder for the replayed ranks' Chakra traces (one per stage, or every rank's),
     ``comm_group.json``, the system they ran on, ``result.json`` and ``timeline.png``. ``progress``: a bar
     with an ETA over the stage programs on stderr (exporting a large model's takes minutes)."""
-    family, p, stages, replicas, tp, chunks, micro = _layout(program)
+    family, p, stages, replicas, tp, chunks, micro, fsdp = _layout(program)
     question = Question.resolve(None, target, system, fidelity=fidelity, split=split, replay=replay_backend)
     if question.system is None or question.system.n_npus != stages * replicas * tp:
         raise StagedPipelineError(f"{program}: the system must have the {stages * replicas * tp} devices of the "
@@ -124,13 +129,14 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     train = p["step"] == "train"
     schedule = p["schedule"].split(":")[0]
     virtual = stages * chunks
-    sharded = bool(p.get("dist_opt")) and replicas > 1 and train
+    shards = (replicas if p.get("dist_opt") else fsdp) if train else 1   # replicas sharing a stage's state
+    sharded = shards > 1
     unit = {**p, "mesh": f"tp:{tp}" if tp > 1 else "", "devices": tp, "microbatch": 0, "schedule": "gpipe",
             "batch": p["batch"] // replicas // micro, "layers": p["layers"] // virtual, "dist_opt": False}
     place = ["first"] + ["middle"] * (virtual - 2) + ["last"]
     stage_place = ["first"] + ["middle"] * (stages - 2) + ["last"]
-    update_unit = {**unit, "dist_opt": True, "mesh": f"dp:{replicas},tp:{tp}" if tp > 1 else f"dp:{replicas}",
-                   "devices": replicas * tp} if sharded else unit    # the update on this device's shard
+    update_unit = {**unit, "dist_opt": True, "mesh": f"dp:{shards},tp:{tp}" if tp > 1 else f"dp:{shards}",
+                   "devices": shards * tp} if sharded else unit    # the update on this device's shard
 
     def spec_of(role: str, layers: int, of: dict[str, Any] = unit) -> str:
         return canonical_spec(family, {**of, "role": role, "layers": layers})
@@ -153,7 +159,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     updates = [runs[x] if x else None for x in specs["update"]]
     message = int(backward[0].memory.get("incoming", 0)) if train else _output_bytes(next(iter(runs)))
     work = [StageWork(f.step_time_s, b.step_time_s if b else 0.0, message) for f, b in zip(forward, backward)]
-    syncs = [_syncs(updates[s], [forward[c * stages + s] for c in range(chunks)], replicas, sharded) if train
+    syncs = [_syncs(updates[s], [forward[c * stages + s] for c in range(chunks)], replicas, shards) if train
              else [] for s in range(stages)]
     traces, replayed_on, groups, engine, note, waits = _rank_traces(
         work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank)
@@ -171,7 +177,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
     flight = [in_flight(order) if train else 0 for order in orders]
     master = p.get("master", "none") == "f32"
     memory = [_stage_memory(s, stages, chunks, forward, backward, updates, flight[s], master,
-                            replicas if sharded else 1) for s in range(stages)]
+                            shards) for s in range(stages)]
     warnings = sorted({w for r in runs.values() for w in r.warnings} | ({note} if note else set()) | set(written))
     capacity = float(question.target.mem_capacity)
     result = StagedResult(program, question.target.name, question.fidelity.name, question.split,
@@ -179,15 +185,16 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                         exposed, flops[busy.index(max(busy))],
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
-                        replicas if sharded else 1, engine, warnings)
+                        shards, sum(flops) * replicas * tp, engine, warnings)
     if out is not None:
         _write_result(Path(out), name, traces, replayed_on, groups, result)
     return result
 
 
-def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]:
-    """(family, parameters, stages, data-parallel replicas, tp group size, chunks per stage, microbatches) of
-    a zoo program this module can lay out, else a one-line StagedPipelineError."""
+def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int, int]:
+    """(family, parameters, stages, replicas of a stage (dp × fsdp), tp group size, chunks per stage,
+    microbatches, fsdp group size) of a zoo program this module can lay out, else a one-line
+    StagedPipelineError."""
     if not is_zoo_spec(program):
         raise StagedPipelineError(f"{program}: --pipeline stages lays out zoo programs (a .mlir file is one "
                                   f"program already)")
@@ -203,15 +210,19 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]
     stages = mesh.get("pp", 1)
     if stages < 2:
         raise StagedPipelineError(f"{program}: --pipeline stages needs a pipeline (mesh=pp:P with P ≥ 2)")
-    inside = sorted(a for a, n in mesh.items() if n > 1 and a not in ("pp", "dp", "tp"))
+    inside = sorted(a for a, n in mesh.items() if n > 1 and a not in ("pp", "dp", "fsdp", "tp"))
     if inside:
-        raise StagedPipelineError(f"{program}: --pipeline stages lays out pp, dp and tp; {', '.join(inside)} "
+        raise StagedPipelineError(f"{program}: --pipeline stages lays out pp, dp, fsdp and tp; {', '.join(inside)} "
                                   f"inside a stage is not handled (use the default lock-step pipeline)")
+    fsdp = mesh.get("fsdp", 1)
+    if fsdp > 1 and p["step"] != "train":
+        raise StagedPipelineError(f"{program}: fsdp inside a stage shards a training step's optimizer state and "
+                                  f"master weights; an inference step has none (use dp)")
     try:
         chunks = schedule_chunks(p.get("schedule", "gpipe"))
     except ValueError as exc:
         raise StagedPipelineError(f"{program}: {exc}") from None
-    replicas = mesh.get("dp", 1)
+    replicas = mesh.get("dp", 1) * fsdp
     micro = microbatch_count(p, mesh)
     if p["layers"] % (stages * chunks):
         raise StagedPipelineError(f"{program}: {stages} stages of {chunks} chunks do not divide layers "
@@ -219,7 +230,7 @@ def _layout(program: str) -> tuple[str, dict[str, Any], int, int, int, int, int]
     if chunks > 1 and micro % stages:
         raise StagedPipelineError(f"{program}: the interleaved schedule takes microbatches {stages} at a time: "
                                   f"{micro} microbatches are not a multiple of {stages} stages")
-    return family, p, stages, replicas, mesh.get("tp", 1), chunks, micro
+    return family, p, stages, replicas, mesh.get("tp", 1), chunks, micro, fsdp
 
 
 def _output_bytes(spec: str) -> int:
@@ -228,17 +239,25 @@ def _output_bytes(spec: str) -> int:
     return sum(t.nbytes for op in graph.outputs for t in graph.ops[op].result_types) or 1
 
 
-def _syncs(update, forwards, replicas: int, sharded: bool) -> list[tuple[str, int, int, bool]]:
+Span = tuple[int, int]
+"""A group of a stage's replicas: (stride, count) in replica index (replica = d · fsdp + f): (1, shards) the
+replicas that share the stage's state, (shards, replicas / shards) those holding the same shard."""
+
+
+def _syncs(update, forwards, replicas: int, shards: int) -> list[tuple[str, int, int, bool, Span]]:
     """What a stage's replicas exchange around its update, in order: (name, Chakra collective, comm_size,
-    before the update). Its gradients all-reduced; under the distributed optimizer reduce-scattered (the whole
-    gradient buffer in, this device's shard out) and the updated parameters all-gathered (each device's shard
-    of the copy the units compute with)."""
+    before the update, the replicas it spans). Its gradients all-reduced; with its state sharded over
+    ``shards`` replicas (distributed optimizer, fsdp) reduce-scattered over them (the whole gradient buffer in,
+    this device's shard out), the shard all-reduced over the replicas that hold the same one, and the updated
+    parameters all-gathered (each device's shard of the copy the units compute with)."""
     grads = int(update.memory.get("gradients", 0))
-    if not sharded:
-        return [("grads", et.ALL_REDUCE, grads, True)] if replicas > 1 and grads else []
+    if shards == 1:
+        return [("grads", et.ALL_REDUCE, grads, True, (1, replicas))] if replicas > 1 and grads else []
     copy = sum(int(f.memory.get("parameters", 0)) for f in forwards)
-    return [("grads", et.REDUCE_SCATTER, grads * replicas, True),
-            ("params", et.ALL_GATHER, math.ceil(copy / replicas), False)]
+    outer = replicas // shards
+    return ([("grads", et.REDUCE_SCATTER, grads * shards, True, (1, shards))]
+            + ([("shard", et.ALL_REDUCE, grads, True, (shards, outer))] if outer > 1 else [])
+            + [("params", et.ALL_GATHER, math.ceil(copy / shards), False, (1, shards))])
 
 
 def _rank_traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank):
@@ -249,12 +268,14 @@ def _rank_traces(work, updates, syncs, schedule, stages, replicas, tp, micro, ch
     system, backend = question.system, question.replay
     note = None
     if not every_rank and replicas * tp > 1:
-        parts = _alike_parts(system, stages, replicas, tp)
+        spans = sorted({x[4] for sync in syncs for x in sync})
+        parts = _alike_parts(system, stages, replicas, tp, spans)
         if isinstance(parts, str):
             note = f"every rank replayed: {parts}"
         else:
             along, across = parts
-            delays = [[_collective_s(kind, size, across, backend) for _, kind, size, _ in sync] for sync in syncs]
+            delays = [[_collective_s(kind, size, across[span], backend) for _, kind, size, _, span in sync]
+                      for sync in syncs]
             traces = []
             for s, nodes in enumerate(schedule_traces(work, schedule, micro, chunks, train=train)):
                 if train:
@@ -282,20 +303,20 @@ def _write_result(out: Path, name: str, traces, system, groups, result: StagedRe
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
 
 
-def _alike_parts(system, stages: int, replicas: int, tp: int):
-    """(the system rank 0's peers in the other stages make up, the one its replicas make up, or None) when
-    each lies along one switch or fully connected dimension, where a group's messages and collectives take
-    the same time wherever its members sit; else why not (one line)."""
+def _alike_parts(system, stages: int, replicas: int, tp: int, spans: list[Span]):
+    """(the system rank 0's peers in the other stages make up, the one each group of its replicas ``spans``
+    makes up, by span) when each lies along one switch or fully connected dimension, where a group's messages
+    and collectives take the same time wherever its members sit; else why not (one line)."""
     rings = [d for d in system.dims if d.topology not in ALIKE_TOPOLOGIES]
     if rings:
         return f"a {rings[0].topology} dimension times a group by where its members sit"
     try:
         along = strided_system(system, replicas * tp, stages)
-        across = strided_system(system, tp, replicas) if replicas > 1 else None
+        across = {span: strided_system(system, tp * span[0], span[1]) for span in spans}
     except SystemConfigError as exc:
         return str(exc)
-    for part, who in ((along, "the stages"), (across, "a stage's replicas")):
-        if part is not None and len(part.dims) > 1:
+    for part, who in ((along, "the stages"), *((q, "a stage's replicas") for q in across.values())):
+        if len(part.dims) > 1:
             return f"{who} span {len(part.dims)} network dimensions ({part.source})"
     return along, across
 
@@ -310,15 +331,25 @@ def _collective_s(kind: int, size: int, system, backend: str) -> float:
 
 
 def _traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train):
-    """Every rank's trace (rank = (stage · replicas + replica) · tp + t) and the data-parallel groups (one
-    per stage and tp rank)."""
+    """Every rank's trace (rank = (stage · replicas + replica) · tp + t) and the communicator groups of its
+    replicas' collectives (one per stage, tp rank and group of replicas a collective spans)."""
     per_stage = schedule_traces(work, schedule, micro, chunks, train=train)
 
     def rank(s: int, d: int, t: int) -> int:
         return (s * replicas + d) * tp + t
 
-    groups = {s * tp + t + 1: [rank(s, d, t) for d in range(replicas)] for s in range(stages) for t in range(tp)} \
-        if replicas > 1 else {}
+    groups: dict[int, list[int]] = {}
+    named: dict[tuple[int, ...], str] = {}
+
+    def group_of(s: int, d: int, t: int, span: Span) -> str:
+        stride, count = span
+        base = d % stride + (d // (stride * count)) * stride * count
+        members = tuple(rank(s, base + i * stride, t) for i in range(count))
+        if members not in named:
+            named[members] = str(len(groups) + 1)
+            groups[len(groups) + 1] = list(members)
+        return named[members]
+
     traces = []
     for s, nodes in enumerate(per_stage):
         for d, t in ((d, t) for d in range(replicas) for t in range(tp)):
@@ -331,15 +362,15 @@ def _traces(work, updates, syncs, schedule, stages, replicas, tp, micro, chunks,
                 mine.append(et.EtNode(n.id, n.name, n.type, list(n.data_deps), list(n.ctrl_deps), n.duration_micros,
                                       attrs))
             if train:
-                mine += _update_nodes(mine, updates[s], s, syncs[s], str(s * tp + t + 1) if replicas > 1 else None)
+                mine += _update_nodes(mine, updates[s], s, syncs[s], [group_of(s, d, t, x[4]) for x in syncs[s]])
             traces.append(mine)
     return traces, groups
 
 
-def _update_nodes(nodes: list[et.EtNode], update, stage: int, syncs, group: str | None,
+def _update_nodes(nodes: list[et.EtNode], update, stage: int, syncs, groups: list[str] | None,
                   waits: list[float] | None = None) -> list[et.EtNode]:
     """After a stage's last unit: its optimizer update and the collectives ``syncs`` (:func:`_syncs`)
-    before and after it, over ``group`` (its replicas' communicator) or, for a stage replayed alone, as
+    before and after it, each over its communicator of ``groups`` or, for a stage replayed alone, as
     waits of ``waits`` seconds (what each collective takes)."""
     last = max(n.id for n in nodes if n.type == et.COMP_NODE)
     out: list[et.EtNode] = []
@@ -353,9 +384,9 @@ def _update_nodes(nodes: list[et.EtNode], update, stage: int, syncs, group: str 
 
     def sync(i: int) -> None:
         nonlocal carried
-        name, kind, size, _ = syncs[i]
-        if group is not None:
-            then(name, et.COMM_COLL_NODE, 0, {"comm_type": kind, "comm_size": size, "pg_name": group})
+        name, kind, size, _, _ = syncs[i]
+        if groups is not None:
+            then(name, et.COMM_COLL_NODE, 0, {"comm_type": kind, "comm_size": size, "pg_name": groups[i]})
         elif waits and waits[i] > 0:
             exact = waits[i] * 1e6 + carried
             micros = max(1, round(exact))
@@ -379,7 +410,7 @@ def _stage_memory(s, stages, chunks, forward, backward, updates, flight, master:
     largest working set among its units (a unit program's peak less its parameters and what it keeps). Under
     the distributed optimizer (``shards`` replicas) the update's arguments are this device's shard, but the
     gradient buffer is whole until it is reduce-scattered, and without master weights the shard is part of
-    the parameters the units compute with."""
+    the parameters the units compute with; so under fsdp (``shards`` its group)."""
     units = [r for c in range(chunks) for r in (forward[c * stages + s], backward[c * stages + s]) if r is not None]
     working = max(r.memory.get("peak", 0) - r.memory.get("parameters", 0) - r.memory.get("kept", 0) for r in units)
     if updates[s] is not None:

@@ -117,10 +117,10 @@ def test_simulate_pipeline_stages_prints_and_says_why_not(capsys):
     assert main(["simulate", spec, "--system", "switch:2x450", "--pipeline", "stages"]) == 0
     out = capsys.readouterr().out
     assert "each stage's own programs" in out and "stage 1: busy" in out
-    for bad, why in ((spec.replace("mesh=pp:2", "mesh=pp:2,fsdp:2").replace("devices=2", "devices=4"),
-                      "fsdp inside a stage is not handled"),
+    for bad, why in ((spec.replace("mesh=pp:2", "mesh=pp:2,cp:2").replace("devices=2", "devices=4"),
+                      "cp inside a stage is not handled"),
                      ("zoo:mlp?layers=2", "the mlp family has no pipeline stages")):
-        assert main(["simulate", bad, "--system", "switch:2x450", "--pipeline", "stages"]) == 2
+        assert main(["simulate", bad, "--system", "switch:4x450", "--pipeline", "stages"]) == 2
         err = capsys.readouterr().err.strip()
         assert why in err and len(err.splitlines()) == 1
     with pytest.raises(StagedPipelineError, match="needs a pipeline"):
@@ -186,6 +186,44 @@ def test_the_distributed_optimizer_shards_each_stages_state_over_its_replicas():
     with pytest.raises(Exception, match="dist_opt=true is laid out from each pipeline stage's own programs") as err:
         simulate(f"{base}&dist_opt=true", target=CARD, system="switch:2x450,switch:4x50")
     assert "\n" not in str(err.value)
+
+
+def test_fsdp_inside_a_stage_shards_its_state_over_the_fsdp_group():
+    """mesh=pp:2,dp:2,fsdp:2: each stage's f32 weights and Adam state sharded over its fsdp pair (the update on
+    half of them), its gradients whole until they are reduce-scattered over the pair; the pairs all-reduce
+    their shards over dp, then gather the compute copy. Every rank's replay puts each collective on its own communicator (the pairs
+    and the dp groups) and one rank per stage gives the same step; fsdp in an inference step is one line."""
+    base = f"{TRAIN}&dtype=bf16&optimizer=adam&master=f32&devices=8&microbatch=1&schedule=1f1b"
+    system = "switch:2x450,switch:4x50"
+    fsdp = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2", CARD, system)
+    every = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2", CARD, system, every_rank=True)
+    whole = simulate_stages(f"{base}&mesh=pp:2,dp:4", CARD, system)
+    assert fsdp.optimizer_shards == 2 and fsdp.replicas == 4 and fsdp.microbatches == whole.microbatches
+    for s in range(2):
+        f, w = fsdp.memory[s], whole.memory[s]
+        assert f["optimizer_state"] == pytest.approx(w["optimizer_state"] / 2, abs=64)
+        assert (f["gradients"], f["compute_copy"]) == (w["gradients"], w["compute_copy"])
+    assert abs(fsdp.step_time_s - every.step_time_s) <= 1e-6
+    both = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2&dist_opt=true", CARD, system)
+    assert both.optimizer_shards == 4
+    with pytest.raises(StagedPipelineError, match="an inference step has none") as err:
+        simulate_stages(TINY.format(layers=8, step="infer") + "&batch=8&mesh=pp:2,fsdp:2&devices=4"
+                        "&microbatch=1", CARD, "switch:2x450,switch:2x50")
+    assert "\n" not in str(err.value)
+
+
+def test_fsdp_collectives_run_on_their_own_communicators(tmp_path):
+    """--out of every rank: stage 0's rank 0 reduce-scatters over its fsdp pair (ranks 0, 1), all-reduces the
+    shard with the other pair's same shard (ranks 0, 2) and gathers over the pair again."""
+    from hespas_ml.replay import chakra as et
+
+    spec = f"{TRAIN}&mesh=pp:2,dp:2,fsdp:2&devices=8&microbatch=1&schedule=1f1b"
+    simulate_stages(spec, CARD, "switch:8x450", every_rank=True, out=tmp_path)
+    groups = json.loads((tmp_path / "comm_group.json").read_text())
+    rank0 = et.read_traces(tmp_path / "et" / "llama_stages", 8)[0]
+    colls = [(n.attrs["comm_type"], sorted(groups[n.attrs["pg_name"]])) for n in rank0
+             if n.type == et.COMM_COLL_NODE]
+    assert colls == [(et.REDUCE_SCATTER, [0, 1]), (et.ALL_REDUCE, [0, 2]), (et.ALL_GATHER, [0, 1])]
 
 
 def test_simulate_pipeline_stages_out_keeps_the_traces_it_replayed(tmp_path, capsys):

@@ -12,7 +12,10 @@
   of a system is its target's, as in :func:`hespas_ml.simulate`;
 * the trace stage runs once per (program, target, fidelity) and the replay stage once per system
   (:func:`run_chunk`): the traces' compiled replay plan and each system's memoised collective times are
-  reused, so the embedded replay's step times come by its fast path.
+  reused, so the embedded replay's step times come by its fast path;
+* a pipelined program simulated from its stages (``pipeline: stages``) skips all of that: each of its
+  chunks runs :func:`~hespas_ml.pipeline_stages.simulate_stages` per configuration
+  (:func:`run_staged_chunk`; no step-time interval, no node or byte counts).
 
 Results folder ``DIR``: ``chunks/chunk-NNNNNN.parquet`` (one per chunk of configurations, written to a
 temporary name and renamed, so a file is whole or absent), ``manifest.json`` (the spec's fingerprint,
@@ -22,7 +25,8 @@ seconds) and, once every chunk is done,
 loses at most the chunks in flight; run it again with the same ``--out`` and it carries on.
 
 Columns: ``config_id``, the workload (``workload``, ``family``, ``program``, ``devices``, ``parallel``,
-``param_<name>`` for each grid parameter), ``target``, ``fidelity``, ``replay``, ``split``, the system
+``pipeline`` — lockstep, or stages where the spec's ``pipeline: stages`` simulates a pipelined zoo step
+from its stages' own programs —, ``param_<name>`` for each grid parameter), ``target``, ``fidelity``, ``replay``, ``split``, the system
 (``system``, ``topology``, ``npus_per_dim``, ``bandwidth_gbps`` — the slowest link —, ``latency_ns``
 — the slowest hop), ``cost_per_device_hour`` (when the spec has costs), then ``status`` (ok | failed),
 ``error``, ``step_time_s``, ``compute_time_s`` and ``exposed_comm_s`` (ASTRA-sim's split: compute =
@@ -33,7 +37,8 @@ and the point replay, as list scheduling need not be monotone), ``utilisation`` 
 replicated or recomputed work counts, as in hardware-FLOPs utilisation — and peak is the target's
 matrix peak for the program's main matrix element type), ``model_flops``, ``peak_flops``,
 ``cost_per_step`` ($ for one step on all devices), ``n_comp_nodes``, ``n_comm_nodes`` (per device),
-``comm_bytes`` (collective bytes per device), ``unlabelled_regions`` (regions the fidelity could not
+``comm_bytes`` (collective bytes per device), ``bubble`` (the share of the step a pipeline's busiest stage
+has nothing to run: simulated from the stages, or the lock-step schedule's idle ticks), ``unlabelled_regions`` (regions the fidelity could not
 time, counted as 0 s as in ``simulate``) and ``replay_engine`` (fast | symmetric | full | astra-sim |
 none).
 """
@@ -53,7 +58,7 @@ from ..ingest.errors import HespasError
 from ..label.fidelity import Label
 from .sweep_engines import make_engine
 from .sweep_spec import SweepSpec, load_sweep_spec
-from .sweep_tasks import RESULT_FIELDS, prepare_program, reason_of, run_chunk
+from .sweep_tasks import RESULT_FIELDS, prepare_program, reason_of, run_chunk, run_staged_chunk
 
 RESULTS, CHUNKS, MANIFEST = "results.parquet", "chunks", "manifest.json"
 MANIFEST_EVERY_S = 10.0
@@ -70,7 +75,7 @@ def result_schema(spec: SweepSpec):
     import pyarrow as pa
     kinds = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
     fields = [("config_id", pa.int64()), ("workload", pa.string()), ("family", pa.string()),
-              ("program", pa.string()), ("devices", pa.int64()), ("parallel", pa.string())]
+              ("program", pa.string()), ("devices", pa.int64()), ("parallel", pa.string()), ("pipeline", pa.string())]
     fields += [(f"param_{k}", kinds[v]) for k, v in spec.param_columns.items()]
     fields += [("target", pa.string()), ("fidelity", pa.string()), ("replay", pa.string()), ("split", pa.string()),
                ("system", pa.string()), ("topology", pa.string()), ("npus_per_dim", pa.string()),
@@ -84,8 +89,8 @@ def result_schema(spec: SweepSpec):
     if spec.costs:
         fields.append(("cost_per_step", pa.float64()))
     fields += [("n_comp_nodes", pa.int64()), ("n_comm_nodes", pa.int64()), ("comm_bytes", pa.int64()),
-               ("peak_memory_bytes", pa.int64()), ("fits", pa.bool_()), ("unlabelled_regions", pa.int64()),
-               ("replay_engine", pa.string())]
+               ("peak_memory_bytes", pa.int64()), ("fits", pa.bool_()), ("bubble", pa.float64()),
+               ("unlabelled_regions", pa.int64()), ("replay_engine", pa.string())]
     return pa.schema(fields)
 
 
@@ -107,7 +112,7 @@ class _Sweep:
         self.variants = spec.variants
         self.schema = result_schema(spec)
         self.stats: dict[str, int] = {k: 0 for k in (
-            "programs_prepared", "programs_failed", "regions_seen", "regions_unique", "labels_computed",
+            "programs_prepared", "programs_staged", "programs_failed", "regions_seen", "regions_unique", "labels_computed",
             "systems_built", "trace_sets_built", "replays_fast", "replays_embedded", "replays_other",
             "configs_evaluated", "configs_failed", "chunks_written")}
         self.timings: dict[str, float] = {"prepare_s": 0.0, "label_s": 0.0, "chunks_s": 0.0}
@@ -208,6 +213,11 @@ class _Sweep:
                         self.stats["programs_failed"] += 1
                         n_prog_done += 1
                         chunk_queue.extend(self.payloads(p, {"error": p.error}, by_program[p.index]))
+                    elif p.pipeline == "stages":         # each chunk simulates the stages' programs itself
+                        self.stats["programs_staged"] += 1
+                        n_prog_done += 1
+                        for chunk in by_program[p.index]:
+                            inflight[engine.submit(run_staged_chunk, self.staged_payload(p, chunk))] = ("chunk", chunk)
                     else:
                         fut = engine.submit(prepare_program, p.source, self.spec.split, p.devices)
                         inflight[fut] = ("program", p)
@@ -303,11 +313,24 @@ class _Sweep:
                         if s.n_npus > 1:
                             configs[(s.name, v["mem_bw_gbps"])] = self.system_config(s.name, v["mem_bw_gbps"])
             info = {"flops": result.get("flops", 0.0), "comm_bytes": result.get("comm_bytes", 0),
-                    "peak_memory": result.get("peak_memory", 0)}
+                    "peak_memory": result.get("peak_memory", 0), "bubble": _lockstep_bubble(p)}
             task = {"chunk": chunk.id, "first_config": chunk.first_config, "rg": rg, "error": error,
                     "info": info, "variants": variants, "systems": sl, "configs": configs}
             out.append((chunk, task))
         return out
+
+    def staged_payload(self, p, chunk) -> dict[str, Any]:
+        """The task of a chunk of a pipelined program simulated from its stages' programs."""
+        from ..ingest.zoo import parse_zoo_spec
+        dtype = str(parse_zoo_spec(p.source)[1].get("dtype", "f32"))
+        variants = []
+        for vi in chunk.variants:
+            v = self.variants[vi]
+            tgt = self.target(v.target)
+            variants.append({"target": tgt, "fidelity": v.fidelity, "replay": v.replay,
+                             "cost": self.spec.costs.get(v.target), "peak_flops": tgt.peak_flops(dtype, "matrix")})
+        return {"chunk": chunk.id, "first_config": chunk.first_config, "program": p.source, "split": self.spec.split,
+                "variants": variants, "systems": self.spec.systems_for(p)[chunk.systems[0]:chunk.systems[1]]}
 
     def variant_task(self, vi: int, times, result, error) -> dict[str, Any]:
         v = self.variants[vi]
@@ -355,7 +378,8 @@ class _Sweep:
         cols: dict[str, list[Any]] = {}
         cols["config_id"] = rows["config_id"]
         for k, v in (("workload", p.workload), ("family", p.family), ("program", p.source),
-                     ("devices", p.devices), ("parallel", p.parallel), ("split", self.spec.split)):
+                     ("devices", p.devices), ("parallel", p.parallel), ("pipeline", p.pipeline),
+                     ("split", self.spec.split)):
             cols[k] = [v] * n
         for k in self.spec.param_columns:
             value = p.params.get(k)
@@ -391,6 +415,18 @@ class _Sweep:
         tmp = path.with_name(f".{path.name}.tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, path)
+
+
+def _lockstep_bubble(p) -> float:
+    """The share of a lock-step pipeline's ticks in which a stage has no microbatch (0 without one)."""
+    if p.family == "mlir" or p.error is not None:
+        return 0.0
+    from ..ingest.zoo import parse_zoo_spec
+    from ..ingest.zoo.checks import pipeline_bubble
+    try:
+        return pipeline_bubble(parse_zoo_spec(p.source)[1])
+    except (HespasError, ValueError):
+        return 0.0
 
 
 def _lost_worker(exc: BaseException) -> bool:

@@ -4,6 +4,8 @@
 
     name: smoke                        # optional (default: the file name)
     split: fusion                      # how programs are cut into regions (default fusion)
+    pipeline: lockstep                 # a pipelined zoo step (mesh pp > 1) as one lock-step program (default)
+                                       # or from its stages' own programs (stages: as simulate --pipeline stages)
     workloads:
       - zoo: llama                     # a zoo family; each parameter a value or a list (a grid)
         params: {layers: [1, 2], d_model: 64, heads: 4, vocab: 256, seq: 16, batch: 8}
@@ -50,11 +52,12 @@ from ..ingest.errors import HespasError
 
 SINGLE_DEVICE = "single device"
 REPLAYS = ("embedded", "astra-sim")
+PIPELINES = ("lockstep", "stages")
 DEFAULT_FIDELITIES = ("surrogate:roofline", "roofline")
 PLAN_KEYS = ("devices", "parallel", "mesh")      # what a parallelism plan sets
-RESULTS_VERSION = 2     # of the results table's columns: folders written with other columns hold another sweep
+RESULTS_VERSION = 3     # of the results table's columns: folders written with other columns hold another sweep
 DEFAULT_CHUNK = 1000
-TOP_KEYS = {"name", "split", "workloads", "parallelism", "targets", "costs", "fidelities", "replay", "systems",
+TOP_KEYS = {"name", "split", "pipeline", "workloads", "parallelism", "targets", "costs", "fidelities", "replay", "systems",
             "chunk_size"}
 SYSTEM_KEYS = {"topologies", "bandwidth_gbps", "latency_ns", "specs"}
 TOPOLOGY_NAMES = {"ring": "ring", "fc": "fc", "fullyconnected": "fc", "switch": "switch"}
@@ -76,6 +79,7 @@ class ProgramSpec:
     parallel: str                   # "" when the family has no parallel parameter
     params: dict[str, Any]          # the grid parameters the spec names (columns of the results)
     error: str | None = None        # why the zoo rejects this combination (its configs then fail)
+    pipeline: str = "lockstep"      # stages: a pipelined step simulated from its stages' programs
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ class _Loader:
         self.data = data
         self.notes: list[str] = []
         self.target_objects: dict[str, Any] = {}
+        self.pipeline = "lockstep"
         self.fidelity_objects: dict[str, Any] = {}
 
     def fail(self, problem: str) -> SweepSpecError:
@@ -236,6 +241,9 @@ class _Loader:
         from ..split.regions import SPLITS
         if split not in SPLITS:
             raise self.fail(f"split '{split}' is not one of {', '.join(SPLITS)}")
+        self.pipeline = str(d.get("pipeline", "lockstep"))
+        if self.pipeline not in PIPELINES:
+            raise self.fail(f"pipeline '{self.pipeline}' is not one of {', '.join(PIPELINES)}")
         targets = self.targets()
         costs = self.costs(targets)
         fidelities = self.fidelities()
@@ -359,6 +367,7 @@ class _Loader:
     def zoo_programs(self, w: dict[str, Any], where: str, plans: list[dict[str, Any]],
                      start: int) -> list[ProgramSpec]:
         from ..ingest.zoo import ZOO, canonical_spec, parse_zoo_spec
+        from ..ingest.zoo.checks import mesh_of
         from ..ingest.errors import IngestError
         extra = sorted(set(w) - {"zoo", "params", "parallelism"})
         if extra:
@@ -399,12 +408,14 @@ class _Loader:
                 if "microbatch" in point and plan.get("microbatch") is not None:
                     query["microbatch"] = point["microbatch"]          # the workload's own microbatches
                 text = f"zoo:{family}" + ("?" + "&".join(f"{k}={_fmt(v)}" for k, v in query.items()) if query else "")
-                error = None
+                error, how = None, "lockstep"
                 try:
                     fam, parsed = parse_zoo_spec(text)
                     source = canonical_spec(fam, parsed)
                     devices = int(entry.devices(parsed))
                     parallel = str(parsed.get("mesh") or parsed.get("parallel", ""))
+                    if self.pipeline == "stages" and mesh_of(parsed).get("pp", 1) > 1:
+                        how = "stages"
                 except IngestError as exc:
                     error = exc.message
                     source = text
@@ -412,7 +423,7 @@ class _Loader:
                     parallel = str(query.get("mesh") or query.get("parallel", ""))
                 out.append(ProgramSpec(start + len(out), label, family, source, devices, parallel,
                                        {k: v for k, v in point.items() if k not in PLAN_KEYS},
-                                       error))
+                                       error, how))
         return out
 
     def mlir_program(self, w: dict[str, Any], where: str, index: int) -> ProgramSpec:
