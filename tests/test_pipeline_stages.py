@@ -188,15 +188,18 @@ def test_the_distributed_optimizer_shards_each_stages_state_over_its_replicas():
     assert "\n" not in str(err.value)
 
 
-def test_fsdp_inside_a_stage_shards_its_state_over_the_fsdp_group():
+def test_fsdp_inside_a_stage_shards_its_state_over_the_fsdp_group(tmp_path):
     """mesh=pp:2,dp:2,fsdp:2: each stage's f32 weights and Adam state sharded over its fsdp pair (the update on
     half of them), its gradients whole until they are reduce-scattered over the pair; the pairs all-reduce
-    their shards over dp, then gather the compute copy. Every rank's replay puts each collective on its own communicator (the pairs
-    and the dp groups) and one rank per stage gives the same step; fsdp in an inference step is one line."""
+    their shards over dp, then gather the compute copy. Every rank's replay puts each collective on its own
+    communicator (stage 0's rank 0: its pair, ranks 0 and 1; the other pair's same shard, ranks 0 and 2) and
+    one rank per stage gives the same step; fsdp in an inference step is one line."""
+    from hespas_ml.replay import chakra as et
+
     base = f"{TRAIN}&dtype=bf16&optimizer=adam&master=f32&devices=8&microbatch=1&schedule=1f1b"
     system = "switch:2x450,switch:4x50"
     fsdp = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2", CARD, system)
-    every = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2", CARD, system, every_rank=True)
+    every = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2", CARD, system, every_rank=True, out=tmp_path)
     whole = simulate_stages(f"{base}&mesh=pp:2,dp:4", CARD, system)
     assert fsdp.optimizer_shards == 2 and fsdp.replicas == 4 and fsdp.microbatches == whole.microbatches
     for s in range(2):
@@ -204,26 +207,17 @@ def test_fsdp_inside_a_stage_shards_its_state_over_the_fsdp_group():
         assert f["optimizer_state"] == pytest.approx(w["optimizer_state"] / 2, abs=64)
         assert (f["gradients"], f["compute_copy"]) == (w["gradients"], w["compute_copy"])
     assert abs(fsdp.step_time_s - every.step_time_s) <= 1e-6
+    groups = json.loads((tmp_path / "comm_group.json").read_text())
+    rank0 = et.read_traces(tmp_path / "et" / "llama_stages", 8)[0]
+    colls = [(n.attrs["comm_type"], sorted(groups[n.attrs["pg_name"]])) for n in rank0
+             if n.type == et.COMM_COLL_NODE]
+    assert colls == [(et.REDUCE_SCATTER, [0, 1]), (et.ALL_REDUCE, [0, 2]), (et.ALL_GATHER, [0, 1])]
     both = simulate_stages(f"{base}&mesh=pp:2,dp:2,fsdp:2&dist_opt=true", CARD, system)
     assert both.optimizer_shards == 4
     with pytest.raises(StagedPipelineError, match="an inference step has none") as err:
         simulate_stages(TINY.format(layers=8, step="infer") + "&batch=8&mesh=pp:2,fsdp:2&devices=4"
                         "&microbatch=1", CARD, "switch:2x450,switch:2x50")
     assert "\n" not in str(err.value)
-
-
-def test_fsdp_collectives_run_on_their_own_communicators(tmp_path):
-    """--out of every rank: stage 0's rank 0 reduce-scatters over its fsdp pair (ranks 0, 1), all-reduces the
-    shard with the other pair's same shard (ranks 0, 2) and gathers over the pair again."""
-    from hespas_ml.replay import chakra as et
-
-    spec = f"{TRAIN}&mesh=pp:2,dp:2,fsdp:2&devices=8&microbatch=1&schedule=1f1b"
-    simulate_stages(spec, CARD, "switch:8x450", every_rank=True, out=tmp_path)
-    groups = json.loads((tmp_path / "comm_group.json").read_text())
-    rank0 = et.read_traces(tmp_path / "et" / "llama_stages", 8)[0]
-    colls = [(n.attrs["comm_type"], sorted(groups[n.attrs["pg_name"]])) for n in rank0
-             if n.type == et.COMM_COLL_NODE]
-    assert colls == [(et.REDUCE_SCATTER, [0, 1]), (et.ALL_REDUCE, [0, 2]), (et.ALL_GATHER, [0, 1])]
 
 
 def test_simulate_pipeline_stages_out_keeps_the_traces_it_replayed(tmp_path, capsys):

@@ -205,19 +205,19 @@ class _Sweep:
             while programs or chunk_queue or inflight:
                 while len(inflight) < limit and (chunk_queue or programs):
                     if chunk_queue:
-                        chunk, payload = chunk_queue.popleft()
-                        inflight[engine.submit(run_chunk, payload)] = ("chunk", chunk)
+                        chunk, task, payload = chunk_queue.popleft()
+                        inflight[engine.submit(task, payload)] = ("chunk", chunk)
                         continue
                     p = self.spec.programs[programs.popleft()]
                     if p.error is not None:
                         self.stats["programs_failed"] += 1
                         n_prog_done += 1
-                        chunk_queue.extend(self.payloads(p, {"error": p.error}, by_program[p.index]))
+                        chunk_queue.extend((c, run_chunk, t) for c, t in self.payloads(p, {"error": p.error},
+                                                                                         by_program[p.index]))
                     elif p.pipeline == "stages":         # each chunk simulates the stages' programs itself
                         self.stats["programs_staged"] += 1
                         n_prog_done += 1
-                        for chunk in by_program[p.index]:
-                            inflight[engine.submit(run_staged_chunk, self.staged_payload(p, chunk))] = ("chunk", chunk)
+                        chunk_queue.extend((c, run_staged_chunk, self.staged_payload(p, c)) for c in by_program[p.index])
                     else:
                         fut = engine.submit(prepare_program, p.source, self.spec.split, p.devices)
                         inflight[fut] = ("program", p)
@@ -232,7 +232,8 @@ class _Sweep:
                         result = {"error": f"worker failed: {reason_of(exc)}"}
                     if kind == "program":
                         n_prog_done += 1
-                        chunk_queue.extend(self.on_program(what, result, by_program[what.index]))
+                        chunk_queue.extend((c, run_chunk, t) for c, t in self.on_program(what, result,
+                                                                                         by_program[what.index]))
                         bar.set_postfix_str(f"programs {n_prog_done}/{n_prog}", refresh=False)
                     else:
                         if "error" in result:

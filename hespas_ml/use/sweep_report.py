@@ -24,8 +24,8 @@ from ..units import format_bytes, format_seconds
 
 REQUIRED = ("config_id", "workload", "devices", "target", "system", "status", "step_time_s", "compute_time_s",
             "exposed_comm_s")
-SHOWN = ("config_id", "workload", "devices", "parallel", "target", "fidelity", "system", "step_time_s",
-         "compute_time_s", "exposed_comm_s", "utilisation", "cost_per_step")
+SHOWN = ("config_id", "workload", "devices", "parallel", "pipeline", "target", "fidelity", "system", "step_time_s",
+         "compute_time_s", "exposed_comm_s", "utilisation", "bubble", "cost_per_step")
 PANELS = 12          # workloads per figure
 
 
@@ -146,16 +146,17 @@ def print_report(rep: dict[str, Any], out: TextIO) -> None:
     for f in rep["failures"]:
         w(f"  failed x{f['configs']}: {f['error'][:150]}\n")
     head = (f"  {'config':>7}  {xcol:>12}  {'step':>10}  {'compute':>10}  {'exposed':>10}  {'util':>6}  "
-            f"{'parallel':<8} {'target':<10} system\n")
+            f"{'bubble':>6}  {'parallel':<8} {'target':<10} system\n")
     for wl in rep["workloads"]:
         w(f"\n{wl['workload']}  ({wl['configs']} configurations)\n")
         for title, rows in (("Pareto front (" + xcol + " vs step time)", wl["front"]), ("best", wl["best"])):
             w(f" {title}:\n" + head)
             for r in rows:
-                util = r.get("utilisation")
+                util, bubble = r.get("utilisation"), r.get("bubble")
                 w(f"  {r['config_id']:>7}  {_fmt_x(r.get(xcol, r.get('devices')), xcol):>12}  "
                   f"{format_seconds(r['step_time_s']):>10}  {format_seconds(r['compute_time_s']):>10}  "
                   f"{format_seconds(r['exposed_comm_s']):>10}  {'-' if util is None else f'{util:.1%}':>6}  "
+                  f"{'-' if not bubble else f'{bubble:.0%}':>6}  "
                   f"{str(r.get('parallel') or '-'):<8} {str(r['target']):<10} {r['system']}\n")
 
 

@@ -513,9 +513,10 @@ def test_a_stages_sweep_simulates_pipelines_from_their_stages_programs(tmp_path)
     spec = tmp_path / "stages.yaml"
     spec.write_text(yaml.safe_dump({
         "pipeline": "stages",
-        "workloads": [{"zoo": "llama", "params": {"layers": 2, "d_model": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
-                                                  "vocab": 256, "seq": 16, "batch": 8, "step": "train",
-                                                  "schedule": "1f1b", "remat": "full"}}],
+        # the stage programs of tests/test_pipeline_stages.py's pp:2,dp:2 layout (exported once)
+        "workloads": [{"zoo": "llama", "params": {"layers": 8, "d_model": 64, "heads": 2, "vocab": 256, "seq": 32,
+                                                  "batch": 8, "step": "train", "remat": "full", "scan": True,
+                                                  "schedule": "1f1b", "microbatch": 1}}],
         "parallelism": [{"devices": 4, "mesh": "pp:2,dp:2"}, {"devices": 4, "mesh": "pp:2,cp:2"},
                         {"devices": 4, "mesh": "dp:4"}],
         "targets": ["H100"], "costs": {"H100": 2.0}, "replay": ["embedded"],
