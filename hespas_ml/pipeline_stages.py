@@ -87,6 +87,7 @@ class StagedResult:
     memory_capacity_bytes: float
     optimizer_shards: int = 1        # replicas the optimizer state is sharded over (dist_opt, fsdp), 1: whole
     model_flops: float = 0.0         # every device's: each stage's units and update on its replicas × tp
+    fsdp: int = 1                    # replicas in a stage's fsdp group (of ``replicas``: dp × fsdp)
     replay_engine: str = ""
     warnings: list[str] = field(default_factory=list)
 
@@ -185,7 +186,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                         exposed, flops[busy.index(max(busy))],
                         {spec: r.step_time_s for spec, r in runs.items()}, busy,
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
-                        shards, sum(flops) * replicas * tp, engine, warnings)
+                        shards, sum(flops) * replicas * tp, fsdp, engine, warnings)
     if out is not None:
         _write_result(Path(out), name, traces, replayed_on, groups, result)
     return result

@@ -155,8 +155,9 @@ def _simulate_stages(args) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     w = sys.stdout.write
+    split = f" (dp {res.replicas // res.fsdp} x fsdp {res.fsdp})" if res.fsdp > 1 else ""
     w(f"program       {res.program}  ({res.stages} stages x {res.replicas} replica{'s' if res.replicas > 1 else ''}"
-      f"{f' x tp {res.tp}' if res.tp > 1 else ''})\n")
+      f"{split}{f' x tp {res.tp}' if res.tp > 1 else ''})\n")
     w(f"target        {res.target}   fidelity {res.fidelity} ({res.split} split), each stage's own programs\n")
     w(f"system        {res.system}   replay {res.replay_engine}\n")
     w(f"schedule      {res.schedule}: {res.microbatches} microbatches a replica, {res.chunks} chunk"
