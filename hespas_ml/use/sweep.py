@@ -234,7 +234,6 @@ class _Sweep:
                         n_prog_done += 1
                         chunk_queue.extend((c, run_chunk, t) for c, t in self.on_program(what, result,
                                                                                          by_program[what.index]))
-                        bar.set_postfix_str(f"programs {n_prog_done}/{n_prog}", refresh=False)
                     else:
                         if "error" in result:
                             result = self.failed_chunk(what, result["error"])
@@ -242,6 +241,7 @@ class _Sweep:
                         self.stats["configs_evaluated"] += what.n_configs()
                         done_configs += what.n_configs()
                         bar.update(what.n_configs())
+                bar.set_postfix_str(f"programs {n_prog_done}/{n_prog}", refresh=False)
                 if time.perf_counter() - last_manifest > MANIFEST_EVERY_S:
                     self.write_manifest("running", done_configs)
                     last_manifest = time.perf_counter()
