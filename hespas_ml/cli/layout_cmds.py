@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"])
     p.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
                    help="pipelined layouts as one lock-step program (default) or from each stage's own programs "
-                        "(pp, dp and tp meshes)")
+                        "(pp, dp, fsdp and tp meshes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", help="also write DIR/layouts.json (the --json object) and DIR/layouts.png (the "
                                  "ranking drawn: step time, exposed communication, bubble, memory)")

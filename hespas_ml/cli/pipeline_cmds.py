@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--pipeline", default="lockstep", choices=["lockstep", "stages"],
                    help="a pipelined zoo step (mesh=pp:P,…): one SPMD program whose stages run in lock-step "
                         "(lockstep, the default), or each stage's own programs replayed in its schedule's order "
-                        "(stages: pp, dp and tp meshes)")
+                        "(stages: pp, dp, fsdp and tp meshes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
 
