@@ -26,9 +26,9 @@ loses at most the chunks in flight; run it again with the same ``--out`` and it 
 
 Columns: ``config_id``, the workload (``workload``, ``family``, ``program``, ``devices``, ``parallel``,
 ``pipeline`` — lockstep, or stages where the spec's ``pipeline: stages`` simulates a pipelined zoo step
-from its stages' own programs —, ``param_<name>`` for each grid parameter), ``target``, ``fidelity``, ``replay``, ``split``, the system
-(``system``, ``topology``, ``npus_per_dim``, ``bandwidth_gbps`` — the slowest link —, ``latency_ns``
-— the slowest hop), ``cost_per_device_hour`` (when the spec has costs), then ``status`` (ok | failed),
+from its stages' own programs —, ``param_<name>`` for each grid parameter), ``target``, ``fidelity``,
+``replay``, ``split``, the system (``system``, ``topology``, ``npus_per_dim``, ``bandwidth_gbps`` — the
+slowest link —, ``latency_ns`` — the slowest hop), ``cost_per_device_hour`` (when the spec has costs), then ``status`` (ok | failed),
 ``error``, ``step_time_s``, ``compute_time_s`` and ``exposed_comm_s`` (ASTRA-sim's split: compute =
 step − exposed communication), ``step_time_lo_s`` / ``step_time_hi_s`` (when the fidelity gives
 intervals: the replay with every region at the lower / upper end of its interval — min / max of those
@@ -38,9 +38,9 @@ replicated or recomputed work counts, as in hardware-FLOPs utilisation — and p
 matrix peak for the program's main matrix element type), ``model_flops``, ``peak_flops``,
 ``cost_per_step`` ($ for one step on all devices), ``n_comp_nodes``, ``n_comm_nodes`` (per device),
 ``comm_bytes`` (collective bytes per device), ``bubble`` (the share of the step a pipeline's busiest stage
-has nothing to run: simulated from the stages, or the lock-step schedule's idle ticks), ``unlabelled_regions`` (regions the fidelity could not
-time, counted as 0 s as in ``simulate``) and ``replay_engine`` (fast | symmetric | full | astra-sim |
-none).
+has nothing to run: simulated from the stages, or the lock-step schedule's idle ticks),
+``unlabelled_regions`` (regions the fidelity could not time, counted as 0 s as in ``simulate``) and
+``replay_engine`` (fast | symmetric | full | astra-sim | none; a staged row: how its ranks were replayed).
 """
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ class _Sweep:
         self.variants = spec.variants
         self.schema = result_schema(spec)
         self.stats: dict[str, int] = {k: 0 for k in (
-            "programs_prepared", "programs_staged", "programs_failed", "regions_seen", "regions_unique", "labels_computed",
+            "programs_prepared", "programs_staged", "programs_failed", "regions_seen", "regions_unique",
+            "labels_computed",
             "systems_built", "trace_sets_built", "replays_fast", "replays_embedded", "replays_other",
             "configs_evaluated", "configs_failed", "chunks_written")}
         self.timings: dict[str, float] = {"prepare_s": 0.0, "label_s": 0.0, "chunks_s": 0.0}
@@ -217,7 +218,8 @@ class _Sweep:
                     elif p.pipeline == "stages":         # each chunk simulates the stages' programs itself
                         self.stats["programs_staged"] += 1
                         n_prog_done += 1
-                        chunk_queue.extend((c, run_staged_chunk, self.staged_payload(p, c)) for c in by_program[p.index])
+                        chunk_queue.extend((c, run_staged_chunk, self.staged_payload(p, c))
+                                           for c in by_program[p.index])
                     else:
                         fut = engine.submit(prepare_program, p.source, self.spec.split, p.devices)
                         inflight[fut] = ("program", p)

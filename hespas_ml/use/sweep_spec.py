@@ -57,8 +57,8 @@ DEFAULT_FIDELITIES = ("surrogate:roofline", "roofline")
 PLAN_KEYS = ("devices", "parallel", "mesh")      # what a parallelism plan sets
 RESULTS_VERSION = 3     # of the results table's columns: folders written with other columns hold another sweep
 DEFAULT_CHUNK = 1000
-TOP_KEYS = {"name", "split", "pipeline", "workloads", "parallelism", "targets", "costs", "fidelities", "replay", "systems",
-            "chunk_size"}
+TOP_KEYS = {"name", "split", "pipeline", "workloads", "parallelism", "targets", "costs", "fidelities", "replay",
+            "systems", "chunk_size"}
 SYSTEM_KEYS = {"topologies", "bandwidth_gbps", "latency_ns", "specs"}
 TOPOLOGY_NAMES = {"ring": "ring", "fc": "fc", "fullyconnected": "fc", "switch": "switch"}
 
