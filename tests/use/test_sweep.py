@@ -476,10 +476,13 @@ def test_mesh_auto_sweeps_every_layout_of_the_devices(tmp_path):
     assert llama["pp:4"].error and "pp 4 does not divide layers 2" in llama["pp:4"].error
     gpt = {p.parallel: p for p in programs if p.family == "gpt"}
     assert "microbatch=2" in gpt["pp:2,dp:2"].source                  # the workload's own microbatches
+    data = yaml.safe_load(spec.read_text())
+    data["workloads"] = data["workloads"][:1]                         # the sweep itself over llama's layouts
+    spec.write_text(yaml.safe_dump(data))
     run_sweep(spec, tmp_path / "out", workers=1, progress=False)
     df = pd.read_parquet(tmp_path / "out" / RESULTS)
     ok = df[df["status"] == "ok"]
-    assert set(df[df["status"] == "failed"]["parallel"]) == {"pp:4"} and len(ok) == 18
+    assert set(df[df["status"] == "failed"]["parallel"]) == {"pp:4"} and len(ok) == 9
     row = ok[ok["parallel"] == "pp:2,dp:2"].iloc[0]
     res = simulate(row["program"], target="H100", system="switch:2x450,switch:2x50", replay="embedded",
                    fidelity=row["fidelity"])
