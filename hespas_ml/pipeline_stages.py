@@ -166,7 +166,8 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
         work, updates, syncs, schedule, stages, replicas, tp, micro, chunks, train, question, every_rank)
     name = f"{family}_stages"
     written = write_replay_inputs(Path(out), name, traces, groups, replayed_on) if out is not None else []
-    step = replay(traces, replayed_on, groups or None, backend=question.replay)
+    drawn = out is not None and len(traces) <= MAX_TIMELINE_RANKS      # the timeline reads the nodes' ticks
+    step = replay(traces, replayed_on, groups or None, backend=question.replay, record_nodes=drawn)
     orders = [stage_order(schedule, stages, micro, s, chunks, train) for s in range(stages)]
     busy, flops = [], []
     for s in range(stages):
@@ -188,7 +189,7 @@ def simulate_stages(program: str, target="H100", system=None, *, fidelity="roofl
                         [max(0.0, 1.0 - b / step.step_time_s) for b in busy], flight, memory, capacity,
                         shards, sum(flops) * replicas * tp, fsdp, engine, warnings)
     if out is not None:
-        _write_result(Path(out), name, traces, replayed_on, groups, result)
+        _write_result(Path(out), name, traces, replayed_on, groups, result, step.details.get("nodes"))
     return result
 
 
@@ -288,14 +289,15 @@ def _rank_traces(work, updates, syncs, schedule, stages, replicas, tp, micro, ch
 
 
 MAX_TIMELINE_RANKS = 64
-"""``--out`` draws the timeline of a replay of at most this many ranks (it replays them again, node by node)."""
+"""``--out`` draws the timeline of a replay of at most this many ranks (its every node's ticks)."""
 
 
-def _write_result(out: Path, name: str, traces, system, groups, result: StagedResult) -> None:
-    """``result.json`` and the timeline of the replayed ranks in ``out`` (a warning in the result where
-    there are too many ranks to draw)."""
+def _write_result(out: Path, name: str, traces, system, groups, result: StagedResult, ticks=None) -> None:
+    """``result.json`` and the timeline of the replayed ranks in ``out`` from the replay's node ``ticks``
+    (replayed again where it kept none: the ASTRA-sim binary's); a warning in the result where there are
+    too many ranks to draw."""
     if len(traces) <= MAX_TIMELINE_RANKS:
-        write_timeline(out / "timeline.png", step_spans(traces, system, groups or None),
+        write_timeline(out / "timeline.png", step_spans(traces, system, groups or None, ticks),
                        f"{name}: {result.stages} stages, {result.schedule}, {result.microbatches} microbatches; "
                        f"{result.target}, {result.fidelity}: step {result.step_time_s * 1e3:.3f} ms")
     else:
