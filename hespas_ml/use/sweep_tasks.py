@@ -162,7 +162,7 @@ def run_staged_chunk(task: dict[str, Any]) -> dict[str, Any]:
                            else math.nan)
                 if v.get("cost") is not None:
                     row["cost_per_step"] = seconds * n * v["cost"] / 3600.0
-                stats["replays_embedded" if staged.replay_engine != "astra-sim" else "replays_other"] += 1
+                stats["replays_other" if v["replay"] == "astra-sim" else "replays_embedded"] += 1
             for k in RESULT_FIELDS:
                 rows[k].append(row[k])
     return {"chunk": task["chunk"], "rows": rows, "stats": stats, "seconds": time.perf_counter() - t0}
