@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             except HespasError as exc:
                 out["sources"][source] = {"error": str(exc).split(";")[0][:160]}
                 continue
-            out["sources"][source] = {"step_s": res.step_time_s, "error": res.step_time_s / row["step_s"] - 1.0}
+            out["sources"][source] = {"step_s": res.step_time_s, "error": res.step_time_s / row["step_s"] - 1.0,
+                                      "interval_s": res.step_time_interval_s}
         results.append(out)
     for r in results:
         print(f"{r['target']} {r['phase']:<8} {r['program'][:96]}")
@@ -71,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {'timed':<8} {r['measured_s'] * 1e3:9.3f} ms  (on the device: {r['folder']}{few})")
         for source, s in r["sources"].items():
             if "step_s" in s:
-                print(f"    {source:<8} {s['step_s'] * 1e3:9.3f} ms  {100 * s['error']:+7.1f} %")
+                iv = s.get("interval_s")
+                holds = (f"  interval {iv[0] * 1e3:.3f} .. {iv[1] * 1e3:.3f} ms "
+                         f"{'holds' if iv[0] <= r['measured_s'] <= iv[1] else 'misses'} the timed step" if iv else "")
+                print(f"    {source:<8} {s['step_s'] * 1e3:9.3f} ms  {100 * s['error']:+7.1f} %{holds}")
             else:
                 print(f"    {source:<8} unavailable: {s['error']}")
     print()
@@ -81,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             errors = [abs(r["sources"][source]["error"]) for r in mine]
             few = sum(1 for r in mine if r["indices"] == "1-3")
             if errors:
+                held = [r for r in mine if r["sources"][source].get("interval_s")]
+                inside = sum(1 for r in held if r["sources"][source]["interval_s"][0] <= r["measured_s"]
+                             <= r["sources"][source]["interval_s"][1])
                 print(f"{source:<10} {phase:<9} median |error| {100 * statistics.median(errors):6.1f} %  "
-                      f"over {len(errors)} program(s)" + (f", {few} of them with indices in [1, 4)" if few else ""))
+                      f"over {len(errors)} program(s)" + (f", {few} of them with indices in [1, 4)" if few else "")
+                      + (f"; {inside} of {len(held)} intervals hold the timed step" if held else ""))
             spread = [abs(r["sources"][source]["error"]) for r in mine if r["indices"] != "1-3"]
             if few and spread:
                 print(f"{source:<10} {phase:<9} median |error| {100 * statistics.median(spread):6.1f} %  "

@@ -197,8 +197,9 @@ def cmd_predict(args) -> int:
     low = sum(x["lower_s"] * x["count"] for x in rows)
     high = sum(x["upper_s"] * x["count"] for x in rows)
     roof = sum((x["roofline_s"] or 0.0) * x["count"] for x in rows)
+    model = fid.provenance(target)["model"]                 # the model that answered this target
     result = {"program": str(graph.source or graph.name), "n_devices": graph.n_devices, "target": target.name,
-              "fidelity": f"surrogate:{fid.fidelity}", "model": fid.source, "coverage": labels[0].meta["coverage"]
+              "fidelity": f"surrogate:{fid.fidelity}", "model": model, "coverage": labels[0].meta["coverage"]
               if labels else None, "n_regions": len(compute), "n_unique": n_unique, "total_s": total,
               "total_interval_s": [low, high], "roofline_total_s": roof,
               "n_outside_domain": sum(1 for x in rows if x["in_domain"] is False),
@@ -212,7 +213,7 @@ def cmd_predict(args) -> int:
     w = sys.stdout.write
     w(f"program    {result['program']}  ({graph.n_devices} device{'s' if graph.n_devices > 1 else ''})\n")
     w(f"target     {target.name}   fidelity surrogate:{fid.fidelity} ({args.split} split)\n")
-    w(f"model      {fid.source}  (interval {100 * (result['coverage'] or 0):.0f}% nominal)\n")
+    w(f"model      {model}  (interval {100 * (result['coverage'] or 0):.0f}% nominal)\n")
     w(f"regions    {len(compute)} compute regions, {n_unique} unique, predicted in {1e3 * t_pred:.1f} ms "
       f"(model loaded in {1e3 * t_load:.0f} ms)\n")
     w(f"total      {format_seconds(total)}  [{format_seconds(low)}, {format_seconds(high)}]  (sum of region bounds; roofline "

@@ -19,7 +19,7 @@ FIDELITIES = ("roofline", "scalesim", "profiling")
 SPLITS = ("family", "size", "array", "random")
 POOLINGS = ("sum", "mean", "max")
 LOSSES = ("mse", "huber", "l1")
-BASES = ("auto", "roofline", "systolic", "none")
+BASES = ("auto", "roofline", "systolic", "calibrated", "none")
 
 
 class LearnError(HespasError, ValueError):
@@ -50,8 +50,10 @@ class TrainConfig:
     head_hidden: int = 64                 # width of the MLP that joins graph, region and hardware
     residual: bool = True                 # learn log(label) - log(analytical estimate)
     residual_base: str = "auto"           # roofline | systolic (fold estimate on systolic targets,
-                                          #   roofline elsewhere) | none | auto (scalesim: systolic, profiling:
-                                          #   none — host overheads dwarf the roofline — else roofline)
+                                          #   roofline elsewhere) | calibrated (the calibrated roofline on
+                                          #   targets measured for one, roofline elsewhere) | none | auto
+                                          #   (scalesim: systolic, profiling: none — host overheads dwarf the
+                                          #   roofline — else roofline)
     roofline_input: bool = True           # give the model the analytical estimate (and its parts)
     systolic_input: bool = True           # … and the systolic fold estimate (with roofline_input)
     # training
@@ -106,8 +108,8 @@ class TrainConfig:
 
     @property
     def base(self) -> str | None:
-        """The analytical estimate the model's output is relative to (``roofline`` or ``systolic``), or
-        None when it predicts log-seconds directly."""
+        """The analytical estimate the model's output is relative to (``roofline``, ``systolic`` or
+        ``calibrated``), or None when it predicts log-seconds directly."""
         if not self.residual:
             return None
         if self.residual_base == "auto":

@@ -13,6 +13,11 @@ too slow to simulate in full within it is simulated without its memory stalls), 
 taken with a 2 s budget does not know what the default labeller does with such a layer
 (:mod:`hespas_ml.learn.fidelity`).
 
+When a region's label mode changes so, what the change does is known from measurements
+(``mode_change``: the 5th, 50th and 95th percentiles of log(default labeller / learned options' labeller) over
+the mode-changed regions of other programs, ``eval/fit_mode_change.py``): the surrogate's answer for such a region
+is scaled by the median ratio and its interval reaches the 5th and 95th percentiles (:meth:`Domain.shift`).
+
 A network answers such a region anyway, usually as the nearest thing it knows, and its ensemble agrees on
 that answer: its interval says nothing about how wrong it is. So the surrogate widens the interval of an
 outside region to ``ood_half_width`` (log-space, what held-out families and sizes showed), and the surrogate
@@ -99,6 +104,7 @@ class Domain:
     fitted_on: str = ""
     label_options: dict[str, Any] | None = None
     programs: dict[str, str] = field(default_factory=dict)     # fingerprint -> source of the programs learned
+    mode_change: dict[str, Any] | None = None     # log_low / log_mid / log_high of a label-mode change, measured
 
     @classmethod
     def fit(cls, arrays: Sequence[RegionArrays], vocabulary: Sequence[str], *, fitted_on: str = "",
@@ -148,10 +154,25 @@ class Domain:
         pred.lower = np.where(away, np.minimum(pred.lower, pred.seconds / factor), pred.lower)
         pred.upper = np.where(away, np.maximum(pred.upper, pred.seconds * factor), pred.upper)
 
+    def shift(self, pred, changed: Sequence[bool]) -> None:
+        """Answer, in place, the records of ``pred`` whose label mode changes (``changed``) as the measured
+        ``mode_change`` says: the point times the median ratio, the interval at least from the 5th to the 95th
+        percentile ratio of the learned answer (and the learned interval moved with the point). Nothing without
+        a measured ``mode_change``."""
+        away = np.asarray(changed, dtype=bool)
+        if self.mode_change is None or len(away) != len(pred.seconds) or not away.any():
+            return
+        low, mid, high = (math.exp(self.mode_change[k]) for k in ("log_low", "log_mid", "log_high"))
+        learned = pred.seconds
+        pred.seconds = np.where(away, learned * mid, learned)
+        pred.lower = np.where(away, np.minimum(pred.lower * mid, learned * low), pred.lower)
+        pred.upper = np.where(away, np.maximum(pred.upper * mid, learned * high), pred.upper)
+
     def to_dict(self) -> dict[str, Any]:
         return {"ops": list(self.ops), "ranges": {f: list(v) for f, v in self.ranges.items()},
                 "margin": self.margin, "ood_half_width": self.ood_half_width, "regions": self.regions,
-                "fitted_on": self.fitted_on, "label_options": self.label_options, "programs": dict(self.programs)}
+                "fitted_on": self.fitted_on, "label_options": self.label_options, "programs": dict(self.programs),
+                "mode_change": self.mode_change}
 
     @classmethod
     def from_dict(cls, data: dict, origin: str) -> "Domain":
@@ -161,10 +182,21 @@ class Domain:
                       margin=float(data["margin"]), ood_half_width=float(data["ood_half_width"]),
                       regions=int(data.get("regions", 0)), fitted_on=str(data.get("fitted_on", "")),
                       label_options=dict(data["label_options"]) if data.get("label_options") is not None else None,
-                      programs={str(k): str(v) for k, v in (data.get("programs") or {}).items()})
+                      programs={str(k): str(v) for k, v in (data.get("programs") or {}).items()},
+                      mode_change=_mode_change(data.get("mode_change")))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise LearnError(f"{origin}: bad training domain ({type(exc).__name__}: {exc})") from None
         if not (out.margin >= 0 and out.ood_half_width > 0 and math.isfinite(out.ood_half_width)):
             raise LearnError(f"{origin}: bad training domain values (margin {out.margin}, ood_half_width "
                              f"{out.ood_half_width})")
         return out
+
+
+def _mode_change(data: Any) -> dict[str, Any] | None:
+    """A domain's ``mode_change`` as stored (None when absent); KeyError/ValueError when malformed."""
+    if data is None:
+        return None
+    out = {**data, **{k: float(data[k]) for k in ("log_low", "log_mid", "log_high")}}
+    if not out["log_low"] <= out["log_mid"] <= out["log_high"]:
+        raise ValueError(f"mode_change percentiles out of order: {data}")
+    return out

@@ -2,6 +2,9 @@
 
 * :meth:`Estimator.roofline_parts` — exactly the roofline fidelity (:func:`hespas_ml.label.roofline.
   kernel_seconds` per kernel, ``max(compute, memory)``, summed over kernels) and its parts.
+* :meth:`Estimator.calibrated_seconds` — exactly the calibrated-roofline fidelity on targets whose file
+  holds a ``calibration`` (measured efficiencies, per-kernel overhead, the floors of library calls), the
+  roofline elsewhere.
 * :meth:`Estimator.systolic_seconds` — the same structure with each GEMM's matrix time replaced by
   SCALE-Sim's stall-free cycle count on the target's systolic arrays (the GEMMs the scalesim fidelity maps
   an op to, spread over the arrays the way it spreads them): the scalesim fidelity without memory stalls.
@@ -17,6 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ingest.graph import Op, TensorType
+from ..label.calibration import FLOOR_OPS
+from ..label.roofline import matrix_efficiency
 from ..label.scalesim import matrix_work
 from ..label.targets import Target
 
@@ -65,6 +70,27 @@ class Estimator:
                 "compute": np.bincount(seg, compute, n), "memory": np.bincount(seg, memory, n),
                 "matrix": np.bincount(seg, matrix, n), "vector": np.bincount(seg, vector, n),
                 "_seg": seg, "_kcompute": compute, "_kmemory": memory, "_kvector": vector, "_kmpeak": mpeak}
+
+    def calibrated_seconds(self, regions: Sequence[Any], target: Target,
+                           parts: dict[str, np.ndarray]) -> np.ndarray:
+        """Per region: Σ over kernels of max(matrix time / matrix efficiency + vector time, memory time /
+        memory efficiency) + kernel overhead, at least the floor of a library call the kernel makes, with
+        the figures of ``target.calibration`` (as :class:`~hespas_ml.label.roofline.
+        CalibratedRooflineFidelity` charges); the roofline estimate on a target without one."""
+        cal = target.calibration
+        if cal is None or "_seg" not in parts:
+            return parts["roofline"]
+        dtypes = [pair[0] for r in regions for pair in r.kernel_dtypes]
+        eff = {d: matrix_efficiency(target, target.matrix_type(d)) for d in set(dtypes)}
+        matrix = parts["_kcompute"] - parts["_kvector"]
+        compute = matrix / np.array([eff[d] for d in dtypes]) + parts["_kvector"]
+        seconds = np.maximum(compute, parts["_kmemory"] / cal.memory_efficiency) + cal.kernel_overhead_s
+        calls = np.concatenate([r.kernel_calls for r in regions])
+        floor = np.zeros(len(calls))
+        for bit, kind in reversed(list(enumerate(FLOOR_OPS))):      # the first kind found wins
+            if kind in cal.kernel_floor_s:
+                floor = np.where(calls & (1 << bit), cal.kernel_floor_s[kind], floor)
+        return np.bincount(parts["_seg"], np.maximum(seconds, floor), len(regions))
 
     def systolic_seconds(self, regions: Sequence[Any], target: Target,
                          parts: dict[str, np.ndarray]) -> np.ndarray:

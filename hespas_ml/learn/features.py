@@ -27,6 +27,7 @@ import torch
 from torch_geometric.data import Data
 
 from ..costs import KNOWN_OPS
+from ..label.calibration import FLOOR_OPS
 from ..label.roofline import TRANSCENDENTAL_FLOPS
 from ..label.targets import Target, load_target
 from .config import LearnError
@@ -64,6 +65,7 @@ _INTENSITY, _EXPANSION = NODE_FEATURES.index("log_intensity"), NODE_FEATURES.ind
 _FLOPS, _BYTES = NODE_FEATURES.index("log_flops"), NODE_FEATURES.index("log_bytes")
 _WINDOW_KINDS = frozenset({"convolution", "dynamic_conv", "reduce_window", "select_and_scatter"})
 _GEMM_KINDS = frozenset({"dot_general", "dot", "convolution", "dynamic_conv", "ragged_dot"})
+_CALL_BITS = {kind: 1 << i for i, kind in enumerate(FLOOR_OPS)}
 
 
 def default_vocabulary() -> list[str]:
@@ -131,6 +133,7 @@ class RegionArrays:
     kernels: np.ndarray      # float64 [kernels, 3]: matrix FLOPs, vector FLOPs + 4 × transcendentals, bytes
     kernel_dtypes: list[tuple[str, str]]   # (matrix dtype, vector dtype) per kernel
     gemms: np.ndarray        # float64 [gemms, 5]: kernel index, count, M, N, K
+    kernel_calls: np.ndarray  # int64 [kernels]: bit i set when the kernel holds op kind FLOOR_OPS[i]
 
 
 class Featuriser:
@@ -203,6 +206,7 @@ class Featuriser:
         node_kernel: list[int] = []
         kraw: list[tuple[float, float, float, float, float, float]] = []
         kdts: list[tuple[str, str]] = []
+        kcalls: list[int] = []                               # FLOOR_OPS bits per kernel
         eraw: list[list[float]] = []
         gemm_rows: list[list[float]] = []
         sizes: list[tuple[int, int, int, int]] = []          # nodes, edges, kernels, gemms per region
@@ -228,6 +232,7 @@ class Featuriser:
                     kraw.append((kern["matrix_flops"], kern["vector_flops"], tr, kern["bytes"],
                                  len(kern["nodes"]), TRANSCENDENTAL_FLOPS * tr + kern["vector_flops"]))
                     kdts.append((kern["matrix_dtype"] or kern["dtype"], kern["dtype"]))
+                    kcalls.append(0)
                     unmodelled += kern["unmodelled"]
                 last_kernel = max(len(kernels) - 1, 0)
                 for i, node in enumerate(nodes):
@@ -239,6 +244,8 @@ class Featuriser:
                     first_shape = rt[0][0] if rt else ()
                     ki = int(node["kernel"])
                     node_kernel.append(k0 + min(ki, last_kernel))
+                    if kind in _CALL_BITS and kernels:
+                        kcalls[k0 + min(ki, last_kernel)] |= _CALL_BITS[kind]
                     first_io.append((out_sizes[0] if out_sizes else 0, in_sizes[0] if in_sizes else -1))
                     row = [sum(out_sizes), max((len(sh) for sh, _ in rt), default=0),
                            first_shape[-1] if first_shape else 0, first_shape[-2] if len(first_shape) > 1 else 0,
@@ -269,7 +276,8 @@ class Featuriser:
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                 key = record.get("hash") if isinstance(record, dict) else None
                 raise LearnError(f"region record {str(key)[:16]}: malformed ({type(exc).__name__}: {exc})") from None
-        return _assemble(raw, onehot, ops, first_io, node_kernel, kraw, kdts, eraw, gemm_rows, sizes, io_bytes)
+        return _assemble(raw, onehot, ops, first_io, node_kernel, kraw, kdts, kcalls, eraw, gemm_rows, sizes,
+                         io_bytes)
 
     # ------------------------------------------------------------------ per target
 
@@ -285,7 +293,7 @@ class Featuriser:
     def target_features(self, regions: Sequence[RegionArrays], target: Target
                         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Features [regions, len(ROOFLINE_FEATURES + SYSTOLIC_FEATURES + HW_FEATURES)] (float32) of
-        ``regions`` on ``target``, and the analytical estimates ``{"roofline", "systolic"}`` as
+        ``regions`` on ``target``, and the analytical estimates ``{"roofline", "systolic", "calibrated"}`` as
         log-seconds (float64)."""
         parts = self.estimator.roofline_parts(regions, target)
         roof = np.maximum(parts["roofline"], MIN_SECONDS)
@@ -299,7 +307,9 @@ class Featuriser:
             self._hardware = (target, hardware_vector(target))
         hw = self._hardware[1]
         out = np.concatenate([feats, np.broadcast_to(hw, (len(regions), len(hw)))], axis=1)
-        return out.astype(np.float32), {"roofline": np.log(roof), "systolic": np.log(sys_s)}
+        cal_s = np.maximum(self.estimator.calibrated_seconds(regions, target, parts), MIN_SECONDS)
+        return out.astype(np.float32), {"roofline": np.log(roof), "systolic": np.log(sys_s),
+                                        "calibrated": np.log(cal_s)}
 
     # ------------------------------------------------------------------ to PyG
 
@@ -336,7 +346,7 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
-def _assemble(raw, onehot, ops, first_io, node_kernel, kraw, kdts, eraw, gemm_rows, sizes, io_bytes
+def _assemble(raw, onehot, ops, first_io, node_kernel, kraw, kdts, kcalls, eraw, gemm_rows, sizes, io_bytes
               ) -> list[RegionArrays]:
     """The numpy half of :meth:`Featuriser._featurise_many`: every region's arrays at once, then sliced."""
     size = np.asarray(sizes, dtype=np.int64).reshape(-1, 4)
@@ -394,9 +404,11 @@ def _assemble(raw, onehot, ops, first_io, node_kernel, kraw, kdts, eraw, gemm_ro
                              ).astype(np.float32)
     kern = kv[:, [0, 5, 3]] if len(kv) else np.zeros((0, 3))
     gem = np.asarray(gemm_rows, dtype=np.float64).reshape(-1, 5)
+    calls = np.asarray(kcalls, dtype=np.int64)
     return [RegionArrays(x[noff[r]:noff[r + 1]], op[noff[r]:noff[r + 1]],
                          edge_index[:, 2 * eoff[r]:2 * eoff[r + 1]], edge_attr[2 * eoff[r]:2 * eoff[r + 1]],
-                         region[r], kern[koff[r]:koff[r + 1]], kdts[koff[r]:koff[r + 1]], gem[goff[r]:goff[r + 1]])
+                         region[r], kern[koff[r]:koff[r + 1]], kdts[koff[r]:koff[r + 1]], gem[goff[r]:goff[r + 1]],
+                         calls[koff[r]:koff[r + 1]])
             for r in range(n_reg)]
 
 

@@ -5,7 +5,9 @@
 :class:`SurrogateFidelity`: the same interface as the analytical and measured fidelities
 (``label_regions(regions, target) -> list[Label]``), so the pipeline, dataset builder, sweeps and
 studies use it unchanged. A fidelity name means the shipped model (``hespas_ml/models/<fidelity>/``); other
-references are resolved by :func:`hespas_ml.learn.registry.load_surrogate`.
+references are resolved by :func:`hespas_ml.learn.registry.load_surrogate`. ``surrogate:profiling`` on a
+target whose timings the shipped model did not learn is answered by the shipped model beside it that
+learned them (``hespas_ml/models/profiling-h100/`` for the H100), when there is one.
 
 All regions of a call are featurised and predicted together, and identical regions (same structural
 signature) once. Each label's ``meta`` holds the interval: ``lower_s`` / ``upper_s`` (also as
@@ -14,7 +16,9 @@ signature) once. Each label's ``meta`` holds the interval: ``lower_s`` / ``upper
 
 **Outside what it learned.** A model that knows its training domain (:mod:`hespas_ml.learn.domain`) marks
 each label ``in_domain``, and names in ``outside`` why a region is not. Such a region's interval is widened
-to the domain's ``ood_half_width`` (what held-out families and sizes showed) and every such label carries
+to the domain's ``ood_half_width`` (what held-out families and sizes showed); one whose SCALE-Sim label mode
+the default labeller changes is first scaled by what such a change was measured to do (the domain's
+``mode_change``; its answer before is kept as ``learned_mode_s``). Every such label carries
 one ``caveat`` line saying how many regions of the call were outside and why. ``fallback`` decides who
 answers them: ``off`` keeps the surrogate's (widened) answer; ``labeller`` the fidelity the model learned
 (SCALE-Sim, the profiler: only where it can run here for that target); ``roofline`` the analytical roofline;
@@ -35,10 +39,10 @@ from ..label.fidelity import FidelityError, Label, label_in_chunks
 from ..label.region_records import is_empty
 from ..label.registry import get_labeller
 from ..label.scalesim import require_systolic
-from .config import LearnError
+from .config import FIDELITIES, LearnError
 from .domain import program_fingerprint, reason_kind
 from .features import HW_FEATURES, hardware_vector, resolve_target
-from .registry import LoadedModel, load_surrogate, parse_model_ref
+from .registry import LoadedModel, load_surrogate, parse_model_ref, shipped_models
 from .surrogate import Surrogate
 
 _CACHE: dict[tuple, LoadedModel] = {}
@@ -46,6 +50,7 @@ _CACHE: dict[tuple, LoadedModel] = {}
 # box rates ~5-10 % apart from one measurement to the next
 HOST_TOLERANCE = 0.1
 _LOCK = threading.Lock()
+_SIBLINGS_LOCK = threading.Lock()
 FALLBACKS = ("auto", "labeller", "roofline", "off")
 
 
@@ -105,6 +110,25 @@ class SurrogateFidelity:
             self.name = f"surrogate:{model}"
         self.fidelity = self.surrogate.config.fidelity
         self.trained_targets = set(self.surrogate.trained_on.get("targets") or [])
+        self._tracking_uri = tracking_uri
+        self._shipped = model if isinstance(model, str) and model in FIDELITIES else None
+        self._siblings: dict[str, SurrogateFidelity] = {}
+
+    def _answering(self, target) -> "SurrogateFidelity":
+        """The fidelity that answers ``target``: this one, or, for the shipped profiling model when it did not
+        learn ``target``'s timings, the shipped model beside it that did (same name, fallback and progress)."""
+        name = target.name
+        if (self._shipped is None or self.fidelity != "profiling" or not self.trained_targets
+                or name in self.trained_targets):
+            return self
+        with _SIBLINGS_LOCK:
+            if not self._siblings:
+                for ref in shipped_models(self._shipped)[1:]:
+                    other = SurrogateFidelity(ref, self._tracking_uri, self.fallback, self.progress)
+                    other.name = self.name
+                    for learned in other.trained_targets:
+                        self._siblings.setdefault(learned, other)
+            return self._siblings.get(name, self)
 
     def label(self, region, target) -> Label:
         return self.label_regions([region], target)[0]
@@ -115,6 +139,8 @@ class SurrogateFidelity:
         measures the machine it runs on; one machine's timings say nothing about another's, and with a single
         training target the hardware vector never varied, so the model could not even tell them apart)."""
         target = resolve_target(target)
+        if (answering := self._answering(target)) is not self:
+            return answering.check_target(target)
         name = target.name
         if self.fidelity == "scalesim":
             try:
@@ -122,14 +148,18 @@ class SurrogateFidelity:
             except FidelityError as exc:
                 raise FidelityError(f"{self.name}: {exc}") from None
         if self.fidelity == "profiling" and self.trained_targets and name not in self.trained_targets:
-            raise FidelityError(f"{self.name}: learned the profiling timings of {', '.join(sorted(self.trained_targets))}"
-                             f" only, not of {name} (profiling measures the machine it runs on; use --target "
-                             f"{sorted(self.trained_targets)[0]}, or another fidelity)")
+            learned = sorted(self.trained_targets | set(self._siblings))
+            raise FidelityError(f"{self.name}: learned the profiling timings of {', '.join(learned)} only, not of "
+                                f"{name} (profiling measures the machine it runs on; use --target {learned[0]}, "
+                                "or another fidelity)")
 
     def provenance(self, target) -> dict[str, Any]:
         """The model that answers: where it was loaded from, what it learned, its interval's coverage."""
+        target = resolve_target(target)
+        if (answering := self._answering(target)) is not self:
+            return answering.provenance(target)
         trained = self.surrogate.trained_on
-        return {"fidelity": self.name, "target": resolve_target(target).name, "model": self.source,
+        return {"fidelity": self.name, "target": target.name, "model": self.source,
                 "learned": self.fidelity, "targets_learned": sorted(self.trained_targets),
                 "families_learned": trained.get("families"), "coverage": self.surrogate.calibration.coverage}
 
@@ -140,6 +170,8 @@ class SurrogateFidelity:
         ``host-cpu`` was measured on fewer cores than the machine has (the process was pinned), it says so:
         that alone makes the same machine measure as another."""
         target = resolve_target(target)
+        if (answering := self._answering(target)) is not self:
+            return answering.caveat(target)
         if self.fidelity != "profiling" or target.name not in self.trained_targets:
             return None
         if not self.surrogate.hardware_outside_training(target, tolerance=HOST_TOLERANCE):
@@ -165,11 +197,17 @@ class SurrogateFidelity:
         if not regions:
             return []
         target = resolve_target(target)
+        if (answering := self._answering(target)) is not self:
+            return answering.label_regions(regions, target)
         self.check_target(target)
         pred = self.surrogate.predict_regions(regions, target)
+        changed = [False] * len(regions)
         if len(pred.outside) == len(pred.seconds):
-            pred.outside = [[*reasons, *more] for reasons, more in
-                            zip(pred.outside, self._label_mode_changes(regions, target))]
+            modes = self._label_mode_changes(regions, target)
+            changed = [bool(m) for m in modes]
+            pred.outside = [[*reasons, *more] for reasons, more in zip(pred.outside, modes)]
+            learned_s = pred.seconds
+            self.surrogate.domain.shift(pred, changed)
             self.surrogate.domain.widen(pred)
         caveat = self.caveat(target)
         seen = target.name in self.trained_targets and caveat is None if self.trained_targets else None
@@ -192,6 +230,8 @@ class SurrogateFidelity:
             meta.update(lower_s=lo, upper_s=hi, interval=(lo, hi))
             if roof is not None:
                 meta["roofline_s"] = float(roof[i])
+            if changed[i] and self.surrogate.domain.mode_change is not None:
+                meta["learned_mode_s"] = float(learned_s[i])        # its answer before the measured ratio
             if caveat is not None:
                 meta["caveat"] = caveat
             out.append(Label(s, "ok", meta))
@@ -259,8 +299,13 @@ class SurrogateFidelity:
         chosen = self._fallback_for(target)
         if chosen is None:
             pct = math.expm1(self.surrogate.domain.ood_half_width) * 100
-            answer = (f"its answers there have intervals widened to ±{pct:.0f} % (--fallback answers them from "
-                      "the labeller or the roofline)")
+            moved = self.surrogate.domain.mode_change
+            scaled = ("; those whose label mode changes are scaled by the ratio measured for such a change, "
+                      f"x{math.exp(moved['log_mid']):.2f} (x{math.exp(moved['log_low']):.2f} .. "
+                      f"x{math.exp(moved['log_high']):.2f})" if moved is not None and any(
+                          "label mode" in r for i in away for r in labels[i].meta["outside"]) else "")
+            answer = (f"its answers there have intervals widened to ±{pct:.0f} %{scaled} (--fallback answers them "
+                      "from the labeller or the roofline)")
         else:
             name, fid = chosen
             answered = label_in_chunks(fid, [regions[i] for i in away], target, progress=self.progress,

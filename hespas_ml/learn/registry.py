@@ -10,7 +10,8 @@ moves is :func:`hespas_ml.learn.runs.train_and_register`.
 Model references (:func:`load_surrogate`, ``--model``, ``--from``, ``surrogate:<ref>``):
 
 * ``roofline`` / ``scalesim`` / ``profiling``: the shipped model ``hespas_ml/models/<fidelity>/`` (package data
-  the package; ``HESPAS_ML_MODELS`` names another);
+  the package; ``HESPAS_ML_MODELS`` names another); ``<fidelity>-<name>`` a shipped model beside it (e.g.
+  ``profiling-h100``: profiling timings learned on another machine, :func:`shipped_models`);
 * a folder written by :meth:`Surrogate.save`;
 * ``NAME@alias`` / ``models:/NAME@alias``, ``models:/NAME/VERSION``, ``models:/m-<logged model id>`` and
   ``runs:/<run id>/<path>``: downloaded from the MLflow store (``--tracking-uri``, else
@@ -56,6 +57,15 @@ def models_dir() -> Path:
     return Path(str(resources.files("hespas_ml") / "models"))
 
 
+def shipped_models(fidelity: str) -> list[str]:
+    """The references of the shipped models of ``fidelity``: ``<fidelity>`` first, then every
+    ``<fidelity>-<name>`` folder beside it, sorted."""
+    root = models_dir()
+    extra = sorted(p.name for p in root.glob(f"{fidelity}-*") if (p / "surrogate.json").is_file()) \
+        if root.is_dir() else []
+    return [fidelity, *extra]
+
+
 # ------------------------------------------------------------------------------------------------ loading
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ def parse_model_ref(text: str | os.PathLike[str]) -> ModelRef:
     path = Path(raw).expanduser()
     if path.exists():
         return ModelRef(raw, "path", str(path))
-    if raw in FIDELITIES:
+    if raw in FIDELITIES or (raw.partition("-")[0] in FIDELITIES and (models_dir() / raw).is_dir()):
         return ModelRef(raw, "shipped", str(models_dir() / raw))
     m = re.fullmatch(r"([^@/\s]+)@([\w.-]+)", raw)
     if m:

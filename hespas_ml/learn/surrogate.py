@@ -362,7 +362,7 @@ class Surrogate:
         config = TrainConfig.from_dict(meta.get("config"), str(meta_path))
         if "base" in meta and meta["base"] != config.base:
             # residual_base "auto" resolved differently when it was trained: keep what the weights learned
-            if meta["base"] not in (None, "roofline", "systolic"):
+            if meta["base"] not in (None, "roofline", "systolic", "calibrated"):
                 raise LearnError(f"{meta_path}: unknown residual base {meta['base']!r}")
             config = dataclasses.replace(config, residual=meta["base"] is not None,
                                          residual_base=meta["base"] or "none")

@@ -96,6 +96,10 @@ def test_bad_fallbacks_and_domains_are_one_line_errors(model):
         Domain.from_dict({**good, "ranges": {"log_bytes": [1.0]}}, "m.json")
     with pytest.raises(LearnError, match="bad training domain values"):
         Domain.from_dict({**good, "ood_half_width": 0}, "m.json")
+    moved = {"log_low": 0.0, "log_mid": 0.5, "log_high": 1.5, "basis": "measured"}
+    assert Domain.from_dict({**good, "mode_change": moved}, "x").to_dict()["mode_change"] == moved
+    with pytest.raises(LearnError, match="m.json: bad training domain .*out of order"):
+        Domain.from_dict({**good, "mode_change": {**moved, "log_mid": 2.0}}, "m.json")
 
 
 def test_simulate_falls_back_by_default_and_says_so(model, capsys):
@@ -131,6 +135,19 @@ def test_a_scalesim_layer_the_default_labeller_simulates_in_more_detail_is_outsi
     assert any(r.startswith("label mode compute-only -> full") for r in lab.meta["outside"])
     (lab,) = fid.label_regions(small, tpu)
     assert not any(r.startswith("label mode") for r in lab.meta.get("outside", []))
+    # with what such a change was measured to do, the answer moves by the median ratio and the interval
+    # reaches the 5th and 95th percentiles of it; a region whose mode does not change is left alone
+    learned = fid.label_regions(big, tpu)[0].seconds
+    small_before = fid.label_regions(small, tpu)[0]
+    surrogate.domain.mode_change = {"log_low": math.log(1.1), "log_mid": math.log(2.0), "log_high": math.log(6.0)}
+    (lab,) = fid.label_regions(big, tpu)
+    assert lab.meta["learned_mode_s"] == pytest.approx(learned)
+    assert lab.seconds == pytest.approx(2.0 * learned)
+    assert lab.meta["lower_s"] <= 1.1 * learned and lab.meta["upper_s"] >= 6.0 * learned
+    assert "x2.00 (x1.10 .. x6.00)" in lab.meta["caveat"] and "\n" not in lab.meta["caveat"]
+    (lab,) = fid.label_regions(small, tpu)
+    assert lab.seconds == small_before.seconds and "learned_mode_s" not in lab.meta
+    surrogate.domain.mode_change = None
     surrogate.domain.label_options = None              # labeller options not known: nothing to compare
     (lab,) = fid.label_regions(big, tpu)
     assert not any(r.startswith("label mode") for r in lab.meta.get("outside", []))

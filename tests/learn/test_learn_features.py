@@ -131,6 +131,24 @@ def test_roofline_estimate_is_exactly_the_roofline_fidelity(smoke_ds):
                         rel_tol=1e-9)
 
 
+def test_calibrated_estimate_is_exactly_the_calibrated_roofline_fidelity(smoke_ds):
+    """On a target with a calibration the estimate charges its efficiencies, kernel overhead and the floors of
+    library calls, as the fidelity does on the live regions; on one without, it is the roofline."""
+    from hespas_ml.label.roofline import CalibratedRooflineFidelity
+
+    hashes = list(smoke_ds.regions["hash"])[:300]
+    f = Featuriser()
+    arrays = f.regions([smoke_ds.region_graph(h) for h in hashes])
+    h100 = load_target("H100")
+    _, est = f.target_features(arrays, h100)
+    labels = [CalibratedRooflineFidelity().label(smoke_ds.region(h), h100) for h in hashes]
+    assert np.allclose(np.exp(est["calibrated"]), [lab.seconds for lab in labels], rtol=1e-9)
+    assert any(lab.meta["floored_kernels"] for lab in labels)             # the floors were exercised
+    assert (est["calibrated"] > est["roofline"]).all()                   # overhead on every kernel
+    _, tpu = f.target_features(arrays, load_target("TPUv4"))
+    assert np.array_equal(tpu["calibrated"], tpu["roofline"])
+
+
 def test_hardware_vector_is_the_targets_vector_and_separates_targets():
     h100, tpu = load_target("H100"), load_target("TPUv4")
     vec = hardware_vector(h100)

@@ -1,5 +1,5 @@
-"""The shipped surrogates (``hespas_ml/models/<fidelity>/``): they load fast, predict sane intervals, carry a model
-card, and ``surrogate:<fidelity>`` uses them by default in the pipeline."""
+"""The shipped surrogates (``hespas_ml/models/<fidelity>/``, and ``profiling-h100/`` beside them): they load fast,
+predict sane intervals, carry a model card, and ``surrogate:<fidelity>`` uses them by default in the pipeline."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,9 @@ from hespas_ml.ingest.errors import HespasError
 from hespas_ml.learn.registry import load_surrogate, models_dir
 
 FIDELITIES = ("roofline", "scalesim", "profiling")
-TARGETS = {"roofline": ["H100", "TPUv4", "B200"], "scalesim": ["TPUv4", "TPUv3"], "profiling": ["host-cpu"]}
+SHIPPED = (*FIDELITIES, "profiling-h100")
+TARGETS = {"roofline": ["H100", "TPUv4", "B200"], "scalesim": ["TPUv4", "TPUv3"], "profiling": ["host-cpu"],
+           "profiling-h100": ["H100"]}
 PROGRAM = "zoo:mlp?layers=2&width=64&batch=16&step=train"
 
 
@@ -26,17 +28,19 @@ def regions():
     return split_program(load_program(PROGRAM), "fusion").compute_regions()
 
 
-@pytest.mark.parametrize("fidelity", FIDELITIES)
-def test_shipped_model_loads_fast_and_predicts_sane_intervals(fidelity, regions):
-    folder = models_dir() / fidelity
-    assert (folder / "surrogate.json").is_file(), f"no shipped {fidelity} surrogate in {folder}"
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_shipped_model_loads_fast_and_predicts_sane_intervals(shipped, regions):
+    folder = models_dir() / shipped
+    assert (folder / "surrogate.json").is_file(), f"no shipped {shipped} surrogate in {folder}"
     load_surrogate(folder)                                   # warm the imports
     t = time.perf_counter()
-    loaded = load_surrogate(fidelity)                         # by fidelity name: the shipped folder
+    loaded = load_surrogate(shipped)                          # by its name: the shipped folder
     assert time.perf_counter() - t < 1.0
     model = loaded.surrogate
-    assert loaded.source == str(folder) and model.config.fidelity == fidelity
-    for target in TARGETS[fidelity]:
+    assert loaded.source == str(folder) and model.config.fidelity == shipped.partition("-")[0]
+    if model.config.fidelity == "profiling":                 # a profiling model learned its machines only
+        assert sorted(model.trained_on["targets"]) == TARGETS[shipped]
+    for target in TARGETS[shipped]:
         pred = model.predict_regions(regions, target)
         assert len(pred) == len(regions)
         for arr in (pred.seconds, pred.lower, pred.upper):
@@ -45,9 +49,10 @@ def test_shipped_model_loads_fast_and_predicts_sane_intervals(fidelity, regions)
         assert (pred.upper > pred.lower).all()
 
 
-@pytest.mark.parametrize("fidelity", FIDELITIES)
-def test_shipped_model_is_small_and_has_a_model_card(fidelity):
-    folder = models_dir() / fidelity
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_shipped_model_is_small_and_has_a_model_card(shipped):
+    fidelity = shipped.partition("-")[0]
+    folder = models_dir() / shipped
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     assert size < 5e6
     card = (folder / "MODEL_CARD.md").read_text()
@@ -73,17 +78,38 @@ def test_simulate_with_the_shipped_roofline_surrogate_gives_an_interval():
 
 def test_surrogates_refuse_targets_their_fidelity_cannot_answer_for(regions):
     """As the labellers do: SCALE-Sim needs systolic arrays, profiling measures only the machine it runs on
-    (the shipped profiling surrogate learned host-cpu timings and nothing else)."""
+    (the shipped profiling surrogates learned host-cpu's and the H100's timings and nothing else)."""
     from hespas_ml.fidelities import get_fidelity
 
     with pytest.raises(HespasError, match="H100 has no systolic arrays") as err:
         get_fidelity("surrogate:scalesim").label_regions(regions, "H100")
     assert "\n" not in str(err.value)
     profiling = get_fidelity("surrogate:profiling")
-    with pytest.raises(HespasError, match="timings of host-cpu only, not of H100"):
-        profiling.label_regions(regions, "H100")
+    with pytest.raises(HespasError, match="timings of H100, host-cpu only, not of A100-40GB") as err:
+        profiling.label_regions(regions, "A100-40GB")
+    assert "\n" not in str(err.value)
     assert all(lab.status == "ok" for lab in profiling.label_regions(regions, "host-cpu"))
     assert len(get_fidelity("surrogate:scalesim").label_regions(regions, "TPUv3")) == len(regions)
+
+
+def test_surrogate_profiling_answers_the_h100_from_the_model_that_learned_its_timings(regions):
+    """``surrogate:profiling`` on the H100 is answered by the shipped model of H100 measurements beside the
+    host-cpu one: its labels, provenance and interval are that model's, and host-cpu stays with its own."""
+    from hespas_ml.fidelities import get_fidelity
+    from hespas_ml.learn.registry import shipped_models
+
+    assert shipped_models("profiling") == ["profiling", "profiling-h100"]
+    h100_model = load_surrogate("profiling-h100")
+    profiling = get_fidelity("surrogate:profiling")
+    labels = profiling.label_regions(regions, "H100")
+    own = h100_model.surrogate.predict_regions(regions, "H100")
+    assert [lab.seconds for lab in labels] == pytest.approx(own.seconds.tolist(), rel=1e-9)
+    assert all(lab.meta["model"] == h100_model.source and lab.meta["seen_target"] is True for lab in labels)
+    prov = profiling.provenance("H100")
+    assert prov["fidelity"] == "surrogate:profiling" and prov["targets_learned"] == ["H100"]
+    assert profiling.provenance("host-cpu")["targets_learned"] == ["host-cpu"]
+    host = profiling.label_regions(regions, "host-cpu")
+    assert all(lab.meta["model"] == str(models_dir() / "profiling") for lab in host)
 
 
 def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learned(regions, fast_host, capsys):
