@@ -10,7 +10,9 @@ without the config's held-out families), and scores the left-out family's labels
 the saved model's interval scale at its nominal coverage; its own spread floor stays (rows outside the training
 domain are widened further when answered, as before). The held-out families
 of the config stay untouched, so the model's held-out figures still say how the interval does on families neither
-the model nor its calibration saw. Only ``surrogate.json``'s ``calibration`` changes.
+the model nor its calibration saw. The same left-out rows' |log error| at the nominal coverage becomes the
+half-width of the interval of a region outside the training domain (``domain.ood_half_width``: what left-out
+families showed) where that is wider than the one the model has. Only ``surrogate.json`` changes.
 """
 from __future__ import annotations
 
@@ -36,9 +38,9 @@ from hespas_ml.learn.surrogate import META, Surrogate  # noqa: E402
 from hespas_ml.learn.tables import in_program_labels, label_rows  # noqa: E402
 
 
-def fold_scores(dataset, config: TrainConfig, family: str) -> tuple[np.ndarray, dict]:
-    """Conformal scores of ``family``'s labels under a model trained without it (and without the config's
-    held-out families), and the fold's figures."""
+def fold_scores(dataset, config: TrainConfig, family: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Conformal scores and |log errors| of ``family``'s labels under a model trained without it (and without
+    the config's held-out families), and the fold's figures."""
     fold = dataclasses.replace(config, split="family", holdout=sorted({family, *(config.holdout or [])}))
     train, val, test = make_split(dataset, fold)
     model = Surrogate(fold).fit(dataset, train, val)
@@ -49,7 +51,7 @@ def fold_scores(dataset, config: TrainConfig, family: str) -> tuple[np.ndarray, 
     half = 0.5 * (np.log(pred.upper) - np.log(pred.lower))[mine]         # widened outside the domain
     scores = np.abs(y - mean) / (pred.spread[mine] + model.calibration.floor)
     ape = np.abs(np.expm1(mean - y))
-    return scores, {"family": family, "rows": int(mine.sum()),
+    return scores, np.abs(y - mean), {"family": family, "rows": int(mine.sum()),
                     "median_ape": float(np.median(ape)) if len(ape) else None,
                     "coverage_before": float(np.mean(np.abs(y - mean) <= half)) if len(y) else None}
 
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         if config.in_program:
             dataset = in_program_labels(dataset)
         label_rows(dataset, config.fidelity, config.targets, config.max_noise)    # a clear error when none
-        pooled, folds = [], []
+        pooled, errors, folds = [], [], []
         for i, family in enumerate(args.families, 1):
             t0 = time.perf_counter()
-            scores, figures = fold_scores(dataset, config, family)
+            scores, error, figures = fold_scores(dataset, config, family)
             pooled.append(scores)
+            errors.append(error)
             folds.append({**figures, "seconds": round(time.perf_counter() - t0, 1)})
             print(f"[{i}/{len(args.families)}] {json.dumps(folds[-1])}", file=sys.stderr, flush=True)
     except (HespasError, OSError, yaml.YAMLError) as exc:
@@ -92,13 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     level = min(1.0, math.ceil((len(scores) + 1) * coverage) / len(scores))
     after = IntervalCalibration(scale=float(np.quantile(scores, level, method="higher")),
                                 floor=surrogate.calibration.floor, coverage=coverage, n=int(len(scores)))
+    shown = float(np.quantile(np.concatenate(errors), coverage, method="higher"))
+    domain = surrogate.domain
+    ood = max(shown, domain.ood_half_width) if domain is not None else None
     report = {"model": args.model.name, "rows": int(len(scores)), "folds": folds, "before": before,
-              "after": after.to_dict(), "basis": f"cross-fitted on left-out families {', '.join(args.families)}"}
+              "after": after.to_dict(), "left_out_log_error_at_coverage": shown,
+              "ood_half_width": {"before": domain.ood_half_width if domain is not None else None, "after": ood},
+              "basis": f"cross-fitted on left-out families {', '.join(args.families)}"}
     if not args.dry_run:
         meta_path = args.model / META
         meta = json.loads(meta_path.read_text())
         meta["calibration"] = after.to_dict()
-        meta["calibration_basis"] = report["basis"]
+        if ood is not None:
+            meta["domain"]["ood_half_width"] = ood
         meta_path.write_text(json.dumps(meta, indent=1))
     print(json.dumps(report, indent=1))
     return 0
