@@ -24,7 +24,8 @@ def register(sub) -> None:
                    help="how the program is cut into compute regions (default: fusion)")
     p.add_argument("--fallback", default="auto", choices=["auto", "labeller", "roofline", "off"],
                    help="with --fidelity surrogate:…, who answers regions outside what the model learned: "
-                        "its labeller where it runs here, else the roofline (auto, the default); the labeller; "
+                        "its labeller where it runs here, else the calibrated roofline where the target has one, "
+                        "else the roofline (auto, the default); the labeller; "
                         "the roofline; or the surrogate itself with a widened interval (off)")
     p.add_argument("--replay", default="auto", choices=["auto", "embedded", "astra-sim"],
                    help="network replay: the real ASTRA-sim binary if found (auto), or our embedded one")

@@ -22,7 +22,8 @@ the default labeller changes is first scaled by what such a change was measured 
 one ``caveat`` line saying how many regions of the call were outside and why. ``fallback`` decides who
 answers them: ``off`` keeps the surrogate's (widened) answer; ``labeller`` the fidelity the model learned
 (SCALE-Sim, the profiler: only where it can run here for that target); ``roofline`` the analytical roofline;
-``auto`` the labeller where it can run, else the roofline. A label answered so says ``bound:
+``auto`` the labeller where it can run, else the calibrated roofline on a target measured for one (the
+H100's profiling surrogate), else the roofline. A label answered so says ``bound:
 fallback:<fidelity>`` and keeps the surrogate's own answer as ``surrogate_s``. Every label also says
 whether the program of the call is one whose regions the model learned (``program_seen_in_training``):
 its figures for such a program are not out of sample.
@@ -274,7 +275,8 @@ class SurrogateFidelity:
         surrogate's answers."""
         if self.fallback == "off":
             return None
-        names = {"auto": (self.fidelity, "roofline"), "labeller": (self.fidelity,), "roofline": ("roofline",)}
+        names = {"auto": (self.fidelity, "calibrated-roofline", "roofline"), "labeller": (self.fidelity,),
+                 "roofline": ("roofline",)}
         refused = None
         for name in dict.fromkeys(names[self.fallback]):
             try:

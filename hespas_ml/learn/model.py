@@ -170,6 +170,9 @@ class SurrogateNet(nn.Module):
         self.row_norm = Standardise(row_dim)
         self.register_buffer("y_mean", torch.zeros(()))
         self.register_buffer("y_std", torch.ones(()))
+        # the range of the targets it learned (log-seconds or residuals): no answer goes far beyond it
+        self.register_buffer("y_lo", torch.full((), -math.inf))
+        self.register_buffer("y_hi", torch.full((), math.inf))
         # opcode embedding of the node width, added to the encoded features (index 0: unknown opcode)
         self.embed = nn.Parameter(torch.randn(members, vocab_size + 1, hidden) * (1.0 / math.sqrt(hidden)))
         self.node_in = MemberLinear(members, len(NODE_FEATURES), hidden)
@@ -198,6 +201,16 @@ class SurrogateNet(nn.Module):
         return (self.head2(z) + self.skip(side)).squeeze(-1)               # [M, rows]
 
     def to_log_seconds(self, out: Tensor, base: Tensor, residual: bool) -> Tensor:
-        """De-standardise ``forward``'s output into log-seconds (adding the analytical base if residual)."""
-        y = out * self.y_std + self.y_mean
+        """De-standardise ``forward``'s output into log-seconds (adding the analytical base if residual), within
+        the range of the targets it learned widened by their standard deviation: a region far from anything
+        learned (thousands of nodes where it saw tens) is answered near the edge of what it knows, never at an
+        extrapolated 10^20 s."""
+        y = torch.clamp(out * self.y_std + self.y_mean, (self.y_lo - self.y_std).to(out.dtype),
+                        (self.y_hi + self.y_std).to(out.dtype))
         return y + base if residual else y
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # models saved before the range was kept load unbounded, as they were trained
+        for name, fill in (("y_lo", -math.inf), ("y_hi", math.inf)):
+            state_dict.setdefault(prefix + name, torch.full((), fill))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -91,6 +91,8 @@ def fit_normalisers(net: SurrogateNet, train: list[RegionData], residual: bool) 
     y = torch.cat([d.y - d.base if residual else d.y for d in train]).double()
     net.y_mean.fill_(float(y.mean()))
     net.y_std.fill_(max(float(y.std(unbiased=False)) if len(y) > 1 else 1.0, 1e-2))
+    net.y_lo.fill_(float(y.min()))
+    net.y_hi.fill_(float(y.max()))
 
 
 @torch.no_grad()

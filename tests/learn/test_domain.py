@@ -75,16 +75,22 @@ def test_outside_regions_get_a_wider_interval_a_warning_and_the_fallbacks_answer
     assert label_caveats(inside) == []
 
 
-def test_where_the_labeller_cannot_run_auto_takes_the_roofline(model):
-    """``labeller`` insists on the learned fidelity; ``auto`` takes the roofline where it cannot answer (the
-    profiler times only the machine it runs on, never an H100)."""
+def test_where_the_labeller_cannot_run_auto_takes_the_calibrated_roofline_else_the_roofline(model):
+    """``labeller`` insists on the learned fidelity; ``auto`` takes the calibrated roofline where it cannot
+    answer (the profiler times only the machine it runs on, never an H100) on a target measured for one, and
+    the roofline on a target without."""
     fid = SurrogateFidelity(str(model), fallback="labeller")
     fid.fidelity = "profiling"                       # as a profiling model of several machines would be
-    fid.trained_targets = {"H100"}
+    fid.trained_targets = {"H100", "TPUv4"}
+    far = regions_of(FAR)
     with pytest.raises(FidelityError, match="--fallback labeller: .*H100"):
-        fid.label_regions(regions_of(FAR), "H100")
+        fid.label_regions(far, "H100")
     fid.fallback = "auto"
-    assert {lab.meta["bound"] for lab in fid.label_regions(regions_of(FAR), "H100")} == {"fallback:roofline"}
+    answered = fid.label_regions(far, "H100")
+    assert {lab.meta["bound"] for lab in answered} == {"fallback:calibrated-roofline"}
+    truth = get_labeller("calibrated-roofline").label_regions(far, load_target("H100"))
+    assert [lab.seconds for lab in answered] == [t.seconds for t in truth]
+    assert {lab.meta["bound"] for lab in fid.label_regions(far, "TPUv4")} == {"fallback:roofline"}
 
 
 def test_bad_fallbacks_and_domains_are_one_line_errors(model):
@@ -184,3 +190,27 @@ def test_simulate_says_when_the_model_learned_the_program(model, smoke_ds, capsy
     assert seen.seen_in_training is True and seen.to_dict()["seen_in_training"] is True
     assert simulate(FAR, target="H100", fidelity=f"surrogate:{model}").seen_in_training is False
     assert simulate(source, target="H100", fidelity="roofline").seen_in_training is None
+
+
+def test_no_answer_goes_beyond_the_range_of_what_it_learned(smoke_ds, tiny_config):
+    """A region far outside (a GEMM thousands of times larger than any learned) is answered within the range
+    of the targets the network learned (here host-cpu log-seconds) widened by their deviation, and a model saved
+    before that range was kept loads unbounded."""
+    import torch
+
+    surrogate = Surrogate(tiny_config(fidelity="profiling", epochs=4, ensemble=2)).fit(smoke_ds)
+    net = surrogate.net
+    labels = smoke_ds.labels[(smoke_ds.labels["fidelity"] == "profiling") & (smoke_ds.labels["status"] == "ok")]
+    assert float(net.y_lo) >= math.log(labels["seconds"].min()) - 1e-6
+    assert float(net.y_hi) <= math.log(labels["seconds"].max()) + 1e-6
+    lo, hi = float(net.y_lo - net.y_std), float(net.y_hi + net.y_std)          # one deviation beyond
+    pred = surrogate.predict_regions(regions_of(FAR), "host-cpu")
+    assert ((np.log(pred.seconds) >= lo - 1e-6) & (np.log(pred.seconds) <= hi + 1e-6)).all()
+    out = torch.full((2, 1), 1e6, dtype=torch.float64)               # far beyond any standardised target
+    zero = torch.zeros(1, dtype=torch.float64)
+    assert float(net.to_log_seconds(out, zero, False)[0, 0]) == pytest.approx(hi)
+    assert float(net.to_log_seconds(-out, zero, False)[0, 0]) == pytest.approx(lo)
+    state = {k: v for k, v in net.state_dict().items() if k not in ("y_lo", "y_hi")}
+    net.load_state_dict(state, strict=True)
+    assert float(net.y_lo) == -math.inf and float(net.y_hi) == math.inf
+    assert float(net.to_log_seconds(out, zero, False)[0, 0]) > hi
