@@ -123,14 +123,18 @@ def gpu_steps() -> dict[str, str]:
 
 
 def device_steps() -> dict[str, str]:
-    """The LLaMA steps timed on the lent H100 with their token ids spread over the vocabulary: the roofline's
-    and the measured regions' errors; and the held-out families' steps timed there (the EfficientNet-B0
-    inference steps): the roofline's and the calibrated roofline's."""
-    got = run_json("eval_device_steps.py", "--sources", "roofline", "measured", "calibrated-roofline@merged")
+    """The LLaMA steps timed on the lent H100 with their token ids spread over the vocabulary: the roofline's,
+    the measured regions', the calibrated roofline's and the H100 profiling surrogate's errors; and the held-out
+    families' steps timed there (the EfficientNet-B0 inference steps): the same but the measured regions."""
+    got = run_json("eval_device_steps.py", "--sources", "roofline", "measured", "calibrated-roofline@merged",
+                   "surrogate:profiling")
     spread = [r for r in got if r["phase"] == "steps" and r["indices"] != "1-3"]
     roofline = [r["sources"]["roofline"]["error"] for r in spread]
     measured = [r["sources"]["measured"]["error"] for r in spread]
     calibrated = [r["sources"]["calibrated-roofline@merged"]["error"] for r in spread]
+    learned = [r["sources"]["surrogate:profiling"] for r in got if "error" in r["sources"]["surrogate:profiling"]]
+    holds = sum(1 for r, s in zip(got, [r["sources"]["surrogate:profiling"] for r in got])
+                if s.get("interval_s") and s["interval_s"][0] <= r["measured_s"] <= s["interval_s"][1])
 
     def median_abs(errors: list[float]) -> str:
         return f"{100 * statistics.median(abs(e) for e in errors):.1f} %"
@@ -140,10 +144,14 @@ def device_steps() -> dict[str, str]:
             f"{len(spread)} of them were timed with their token ids spread over the vocabulary; the roofline is "
             f"{percents(roofline)} off those (median |error| {median_abs(roofline)}), the measured regions less "
             f"their launch overhead {percents(measured)} (median {median_abs(measured)}), the calibrated roofline "
-            f"on the merged split {percents(calibrated)} (median {median_abs(calibrated)})",
+            f"on the merged split {percents(calibrated)} (median {median_abs(calibrated)}), `surrogate:profiling` "
+            f"{percents([r['sources']['surrogate:profiling']['error'] for r in spread])} (median "
+            f"{median_abs([r['sources']['surrogate:profiling']['error'] for r in spread])}; its step interval holds "
+            f"{holds} of the {len(learned)} steps timed there)",
             "device-held-out":
             f"the roofline {percents([r['sources']['roofline']['error'] for r in held_out])}, the calibrated roofline "
-            f"on the merged split {percents([r['sources']['calibrated-roofline@merged']['error'] for r in held_out])}"}
+            f"on the merged split {percents([r['sources']['calibrated-roofline@merged']['error'] for r in held_out])}, "
+            f"`surrogate:profiling` {percents([r['sources']['surrogate:profiling']['error'] for r in held_out])}"}
 
 
 def synthetic_training() -> dict[str, str]:
