@@ -52,7 +52,8 @@ CASES = {
     "measured": ("H100", "TPUv3", MEASURED_BMM),
     "surrogate:roofline": ("H100", None, PROGRAM),
     "surrogate:scalesim": ("TPUv4", "H100", PROGRAM),
-    "surrogate:profiling": ("host-cpu", "H100", PROGRAM),
+    "surrogate:profiling": ("host-cpu", "A100-40GB", PROGRAM),      # the H100 answered by profiling-h100
+    "surrogate:profiling-h100": ("H100", "host-cpu", PROGRAM),
 }
 SLOW = {"scalesim", "profiling"}            # they start worker processes
 
