@@ -112,6 +112,15 @@ def test_surrogate_profiling_answers_the_h100_from_the_model_that_learned_its_ti
     assert all(lab.meta["model"] == str(models_dir() / "profiling") for lab in host)
 
 
+def test_predict_names_the_model_that_answered_the_target(capsys):
+    from hespas_ml.cli.main import main
+
+    for target, folder in (("H100", "profiling-h100"), ("host-cpu", "profiling")):
+        assert main(["predict", PROGRAM, "--fidelity", "profiling", "--target", target, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["model"] == str(models_dir() / folder) and out["target"] == target
+
+
 def test_the_profiling_surrogate_says_when_host_cpu_is_not_the_machine_it_learned(regions, fast_host, capsys):
     """host-cpu is whatever machine runs the code; the shipped profiling surrogate learned one machine's
     timings. On that machine its labels carry no caveat; on another (same name, other measured rates) every
