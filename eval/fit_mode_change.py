@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hespas_ml.ingest import load_program  # noqa: E402
 from hespas_ml.ingest.errors import HespasError  # noqa: E402
 from hespas_ml.label.scalesim import ScaleSimFidelity  # noqa: E402
-from hespas_ml.label.scalesim_worker import MODES  # noqa: E402
 from hespas_ml.label.targets import load_target  # noqa: E402
 from hespas_ml.learn.surrogate import META, Surrogate  # noqa: E402
 from hespas_ml.split.regions import split_program  # noqa: E402
@@ -38,15 +37,12 @@ QUANTILES = (5, 50, 95)
 def mode_ratios(program: str, target, learned: dict) -> np.ndarray:
     """log(default labeller / learned options' labeller) of the regions of ``program`` whose mode changes."""
     regions = split_program(load_program(program), "fusion").compute_regions()
-    then_fid, now_fid = ScaleSimFidelity.from_options(learned), ScaleSimFidelity()
-    rank = {m: i for i, m in enumerate(MODES)}
-    then, now = then_fid.planned_modes(regions, target), now_fid.planned_modes(regions, target)
-    changed = [r for r, before, after in zip(regions, then, now)
-               if any(rank[a] < rank[b] for b, a in zip(before, after))]
+    default = ScaleSimFidelity()
+    changed = [r for r, deeper in zip(regions, default.deeper_modes(regions, target, learned)) if deeper]
     if not changed:
         return np.zeros(0)
-    learned_labels = then_fid.label_regions(changed, target)
-    default_labels = now_fid.label_regions(changed, target)
+    learned_labels = ScaleSimFidelity.from_options(learned).label_regions(changed, target)
+    default_labels = default.label_regions(changed, target)
     return np.asarray([np.log(d.seconds / lab.seconds) for lab, d in zip(learned_labels, default_labels)
                        if lab.status == "ok" and d.status == "ok" and lab.seconds > 0 and d.seconds > 0])
 

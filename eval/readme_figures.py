@@ -132,9 +132,10 @@ def device_steps() -> dict[str, str]:
     roofline = [r["sources"]["roofline"]["error"] for r in spread]
     measured = [r["sources"]["measured"]["error"] for r in spread]
     calibrated = [r["sources"]["calibrated-roofline@merged"]["error"] for r in spread]
-    learned = [r["sources"]["surrogate:profiling"] for r in got if "error" in r["sources"]["surrogate:profiling"]]
-    holds = sum(1 for r, s in zip(got, [r["sources"]["surrogate:profiling"] for r in got])
-                if s.get("interval_s") and s["interval_s"][0] <= r["measured_s"] <= s["interval_s"][1])
+    learned = [(r["measured_s"], r["sources"]["surrogate:profiling"]) for r in got
+               if "error" in r["sources"]["surrogate:profiling"]]
+    holds = sum(1 for measured, s in learned
+                if s["interval_s"] and s["interval_s"][0] <= measured <= s["interval_s"][1])
 
     def median_abs(errors: list[float]) -> str:
         return f"{100 * statistics.median(abs(e) for e in errors):.1f} %"

@@ -432,6 +432,15 @@ class ScaleSimFidelity:
         return [[self._chain(g["split"].gemm, g["array"])[0] for kernel in self._plan(region, target)
                  for g in kernel["gemms"]] for region in regions]
 
+    def deeper_modes(self, regions: Sequence, target: Target, options: dict[str, Any]) -> list[list[str]]:
+        """Per region, the ``"before -> after"`` mode changes (sorted, distinct) of the GEMMs this labeller
+        starts in a more detailed mode than the labeller of ``options`` (:meth:`from_options`) would: e.g. a
+        layer simulated in full here that a smaller budget simulated ``compute-only``. Runs no SCALE-Sim."""
+        then = ScaleSimFidelity.from_options(options, workers=1).planned_modes(regions, target)
+        now = self.planned_modes(regions, target)
+        return [sorted({f"{b} -> {a}" for b, a in zip(before, after) if MODE_RANK[a] < MODE_RANK[b]})
+                for before, after in zip(then, now)]
+
     def check_target(self, target: Target) -> None:
         """SCALE-Sim simulates systolic arrays: FidelityError for a target without them."""
         require_systolic(target)

@@ -257,18 +257,11 @@ class SurrogateFidelity:
         if self.fidelity != "scalesim" or learned is None:
             return [[] for _ in regions]
         from ..label.scalesim import ScaleSimFidelity
-        from ..label.scalesim_worker import MODES
 
-        rank = {m: i for i, m in enumerate(MODES)}
-        then = ScaleSimFidelity.from_options(learned, workers=1).planned_modes(regions, target)
-        now = ScaleSimFidelity().planned_modes(regions, target)
         budget = learned.get("budget_s")
-        out = []
-        for before, after in zip(then, now):
-            deeper = sorted({f"{b} -> {a}" for b, a in zip(before, after) if rank[a] < rank[b]})
-            out.append([f"label mode {', '.join(deeper)}: the labeller simulates it in more detail than the labels "
-                        f"learned ({budget} s budget)"] if deeper else [])
-        return out
+        return [[f"label mode {', '.join(deeper)}: the labeller simulates it in more detail than the labels "
+                 f"learned ({budget} s budget)"] if deeper else []
+                for deeper in ScaleSimFidelity().deeper_modes(regions, target, learned)]
 
     def _fallback_for(self, target) -> tuple[str, Any] | None:
         """(name, fidelity) answering regions outside the training domain on ``target``, or None to keep the
